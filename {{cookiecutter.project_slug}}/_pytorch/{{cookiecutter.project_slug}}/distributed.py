@@ -1,0 +1,142 @@
+"""Everything that makes one training script run as many processes.
+
+Who this process is comes from the launcher's environment (torchrun and
+torch.distributed.launch set RANK, LOCAL_RANK, WORLD_SIZE; SLURM's srun sets
+SLURM_PROCID, ...). With none set, this is rank 0 of 1 and nothing here
+does any communication: single process is just the default case.
+"""
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from .errors import UserError
+from .settings import LAUNCHER
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_ranks() -> tuple[int, int, int]:
+    """(global rank, local rank, world size) as the launcher, or SLURM, tells them."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"])
+    if int(env.get("SLURM_NTASKS", 1)) > 1:
+        return int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]), int(env["SLURM_NTASKS"])
+    return 0, 0, 1
+
+
+def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
+    """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
+    rank, local_rank, world_size = read_ranks()
+    if device == "gpu" and not torch.cuda.is_available():
+        raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
+    use_gpu = device != "cpu" and torch.cuda.is_available()
+    if use_gpu:
+        # Without this every rank would allocate on GPU 0.
+        torch.cuda.set_device(local_rank)
+        this_device = torch.device("cuda", local_rank)
+    else:
+        this_device = torch.device("cpu")
+    if world_size > 1:
+        dist.init_process_group(
+            backend="nccl" if use_gpu else "gloo",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=this_device if use_gpu else None,
+        )
+    return DistEnv(rank, local_rank, world_size, this_device)
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    """Sum a few numbers over all ranks, in one collective."""
+    if env.world_size == 1:
+        return list(values)
+    totals = torch.tensor(values, dtype=torch.float64, device=env.device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order (small Python objects only)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def wrap_model(model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> torch.nn.Module:
+    if env.world_size == 1:
+        return model
+    device_ids = [env.local_rank] if env.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model, without the DDP wrapper (and without its "module." prefix)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def launch(worker, args) -> None:
+    """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
+    nproc = int(os.environ.get("NPROC_PER_NODE", torch.cuda.device_count() or 1))
+    if LAUNCHER != "spawn" or nproc == 1 or "RANK" in os.environ:
+        worker(args)
+        return
+    nnodes = int(os.environ.get("NNODES", 1))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        if nnodes > 1:
+            raise UserError("MASTER_PORT must be set, the same on every node, when NNODES > 1")
+        os.environ["MASTER_PORT"] = str(free_port())
+    try:
+        mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=True)
+    except mp.ProcessExitedException:
+        # The failing worker has already printed its own error.
+        sys.exit(1)
+
+
+def _spawned(local_rank: int, worker, args, nproc: int, nnodes: int) -> None:
+    node_rank = int(os.environ.get("NODE_RANK", 0))
+    os.environ.update(
+        RANK=str(node_rank * nproc + local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nnodes * nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+    )
+    worker(args)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,116 @@
+"""The training and evaluation loops, and the data loaders that feed them.
+
+Per step there is no host synchronisation: the running loss stays on the
+device and is read every --log-every steps only.
+"""
+
+import contextlib
+import random
+import logging
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from tqdm import tqdm
+
+from . import distributed
+from .distributed import DistEnv
+
+log = logging.getLogger(__name__)
+
+
+class ShardSampler(Sampler):
+    """Rank r takes samples r, r + world, r + 2*world, ...: every sample exactly once, no padding.
+
+    DistributedSampler pads shards to equal length with repeated samples, which
+    would count some validation samples twice.
+    """
+
+    def __init__(self, dataset_size: int, env: DistEnv):
+        self.indices = range(env.rank, dataset_size, env.world_size)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
+    """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
+    train_sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
+    common = dict(
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        pin_memory=env.device.type == "cuda",
+        persistent_workers=args.workers > 0,
+    )
+    train_loader = DataLoader(train_set, sampler=train_sampler, **common)
+    val_loader = DataLoader(val_set, sampler=ShardSampler(len(val_set), env), **common)
+    return train_loader, val_loader
+
+
+def progress(iterable, env: DistEnv, desc: str):
+    """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
+    return tqdm(iterable, desc=desc, leave=False, disable=not (env.is_main and sys.stderr.isatty()))
+
+
+def train_one_epoch(model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int) -> dict:
+    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks."""
+    model.train()
+    loss_sum = torch.zeros((), device=env.device)
+    seen = 0
+    steps = len(loader)
+    use_amp = scaler.is_enabled()
+    for step, (images, labels) in enumerate(progress(loader, env, f"epoch {epoch}"), start=1):
+        images = images.to(env.device, non_blocking=True)
+        labels = labels.to(env.device, non_blocking=True)
+        steps_now = step % args.grad_accum == 0 or step == steps
+        # Gradients are all-reduced only on the micro-batch that steps the optimizer.
+        sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
+        with sync:
+            with torch.autocast(env.device.type, enabled=use_amp):
+                loss = F.cross_entropy(model(images), labels)
+            scaler.scale(loss / args.grad_accum).backward()
+        if steps_now:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.detach() * len(labels)
+        seen += len(labels)
+        if step % args.log_every == 0 and env.is_main:
+            log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, loss_sum.item() / seen)
+    total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
+    # DistributedSampler repeats a few samples so every rank gets as many; they are not distinct.
+    padding = loader.sampler.total_size - len(loader.dataset)
+    return {"loss": total_loss / total_seen, "samples": int(total_seen) - padding}
+
+
+@torch.no_grad()
+def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
+    """Loss and accuracy over the whole validation set, each sample counted once across ranks."""
+    # The unwrapped model: ranks may run different numbers of batches, and DDP's
+    # forward would wait for the others.
+    model = distributed.unwrap(model)
+    model.eval()
+    loss_sum = torch.zeros((), device=env.device)
+    correct = torch.zeros((), device=env.device)
+    count = 0
+    for images, labels in loader:
+        images = images.to(env.device, non_blocking=True)
+        labels = labels.to(env.device, non_blocking=True)
+        with torch.autocast(env.device.type, enabled=use_amp):
+            logits = model(images)
+        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
+        correct += (logits.argmax(dim=1) == labels).sum()
+        count += len(labels)
+    total_loss, total_correct, total = distributed.all_reduce_sum([loss_sum.item(), correct.item(), count], env)
+    return {"loss": total_loss / max(total, 1), "acc": total_correct / max(total, 1), "samples": int(total)}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

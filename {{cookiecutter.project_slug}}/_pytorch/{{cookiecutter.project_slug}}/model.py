@@ -1,0 +1,23 @@
+"""The network. Extension point: replace build_model() with your own.
+
+Any torch.nn.Module works: distributed.wrap_model() adds DDP around it, and
+checkpoints store the unwrapped model's state dict.
+"""
+
+from torch import nn
+
+
+def build_model(num_classes: int) -> nn.Module:
+    """A small CNN for 3-channel images of any size."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 4, 128),
+        nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )

@@ -1,0 +1,1 @@
+"""{{ cookiecutter.project_name }}: distributed training, baked by dist-template."""
