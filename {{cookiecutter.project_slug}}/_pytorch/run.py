@@ -1,7 +1,7 @@
-"""Train {{ cookiecutter.project_name }}: one process, or many started by run.sh.
+"""Train the model: one process, or many started by run.sh.
 
-    python run.py [--epochs N ...]      one process (CPU or one GPU)
-    NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
+python run.py [--epochs N ...]      one process (CPU or one GPU)
+NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 """
 
 import sys

@@ -1,1 +1,2 @@
-"""{{ cookiecutter.project_name }}: distributed training, baked by dist-template."""
+# {{ cookiecutter.project_name }}
+"""Distributed training package, baked by dist-template: run.py drives it, README.md explains it."""

@@ -39,7 +39,9 @@ def ensure_extracted(
     if (target / DONE_MARKER).exists():
         return False
     if not archive.is_file():
-        raise UserError(f"dataset archive {archive} not found: pass --dataset-zip PATH, or --data-dir with the unpacked data")
+        raise UserError(
+            f"dataset archive {archive} not found: pass --dataset-zip PATH, or --data-dir with the unpacked data"
+        )
     target.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(target / LOCK, timeout=lock_timeout):
@@ -87,7 +89,9 @@ def _extract_once(archive: Path, target: Path, max_bytes: float, show_progress: 
         except OSError as error:
             shutil.rmtree(staging, ignore_errors=True)
             if error.errno == errno.ENOSPC:
-                raise UserError(f"no space left on the device while extracting {archive} into {target}: free some space") from None
+                raise UserError(
+                    f"no space left on the device while extracting {archive} into {target}: free some space"
+                ) from None
             raise
         except (zipfile.BadZipFile, tarfile.TarError, EOFError) as error:
             shutil.rmtree(staging, ignore_errors=True)
@@ -105,9 +109,13 @@ def _remove(path: Path) -> None:
 def _check_entry(archive: Path, name: str, is_link: bool) -> None:
     path = PurePosixPath(name.replace("\\", "/"))
     if is_link:
-        raise UserError(f"dataset archive {archive} holds a link entry {name!r}; links are refused, repack it without them")
+        raise UserError(
+            f"dataset archive {archive} holds a link entry {name!r}; links are refused, repack it without them"
+        )
     if path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
-        raise UserError(f"dataset archive {archive} holds an entry {name!r} that would land outside --data-dir; refused")
+        raise UserError(
+            f"dataset archive {archive} holds an entry {name!r} that would land outside --data-dir; refused"
+        )
 
 
 def _open(archive: Path):
@@ -183,4 +191,3 @@ class _TarReader:
 def show_progress_here(local_rank: int) -> bool:
     """One progress bar per machine, and only on a terminal (not in job logs)."""
     return local_rank == 0 and sys.stderr.isatty()
-

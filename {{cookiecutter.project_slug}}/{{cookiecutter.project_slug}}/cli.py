@@ -17,14 +17,18 @@ def positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Train on one process, or many with a launcher (see run.sh).")
-    parser.add_argument("--epochs", type=positive_int, default=10, help="epochs in total; a resumed run continues up to this")
+    parser.add_argument(
+        "--epochs", type=positive_int, default=10, help="epochs in total; a resumed run continues up to this"
+    )
     parser.add_argument(
         "--batch-size",
         type=positive_int,
         default=32,
         help="batch size PER PROCESS; the global batch is this x world size x --grad-accum",
     )
-    parser.add_argument("--lr", type=float, default=0.05, help="learning rate for the global batch (not scaled for you)")
+    parser.add_argument(
+        "--lr", type=float, default=0.05, help="learning rate for the global batch (not scaled for you)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument("--output-dir", default="output", help="checkpoints, logs and metrics.jsonl go here")
     parser.add_argument(
@@ -38,13 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=DATASET == "synthetic",
         help="random data of the right shapes instead of the dataset",
     )
-    parser.add_argument("--data-dir", default=SAMPLE_DATA_DIR, help="the unpacked dataset: train/<class>/*, val/<class>/*")
+    parser.add_argument(
+        "--data-dir", default=SAMPLE_DATA_DIR, help="the unpacked dataset: train/<class>/*, val/<class>/*"
+    )
     parser.add_argument(
         "--dataset-zip",
         default=SAMPLE_ARCHIVE if DATASET == "zip" else None,
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training",
     )
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"
+    )
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
     parser.add_argument("--workers", type=int, default=0, help="data-loading worker processes per rank")

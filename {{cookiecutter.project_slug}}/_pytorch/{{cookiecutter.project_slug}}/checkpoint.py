@@ -70,14 +70,18 @@ class Checkpointer:
             distributed.unwrap(self.model).load_state_dict(state["model"])
         except RuntimeError as error:
             detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
-            raise UserError(f"checkpoint {path} does not match the model ({detail}): pass --resume none or another --output-dir") from None
+            raise UserError(
+                f"checkpoint {path} does not match the model ({detail}): pass --resume none or another --output-dir"
+            ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if len(state["rng"]) == self.env.world_size:
             restore_rng(state["rng"][self.env.rank])
         else:
-            log.warning("world size changed from %d to %d: random streams start afresh", len(state["rng"]), self.env.world_size)
+            log.warning(
+                "world size changed from %d to %d: random streams start afresh", len(state["rng"]), self.env.world_size
+            )
         log.info("resumed from %s (epoch %d)", path, state["epoch"])
         return state["epoch"], state["best_acc"]
 
@@ -87,7 +91,9 @@ def load_checkpoint(path: Path, device: torch.device) -> dict:
         # weights_only: a checkpoint can hold tensors and plain data, never code.
         return torch.load(path, map_location=device, weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-        raise UserError(f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): delete it, or pass --resume none") from None
+        raise UserError(
+            f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): delete it, or pass --resume none"
+        ) from None
 
 
 def atomic_save(state: dict, path: Path) -> None:

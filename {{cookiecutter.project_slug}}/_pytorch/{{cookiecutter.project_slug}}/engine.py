@@ -5,8 +5,8 @@ device and is read every --log-every steps only.
 """
 
 import contextlib
-import random
 import logging
+import random
 import sys
 
 import numpy as np
@@ -40,7 +40,9 @@ class ShardSampler(Sampler):
 
 def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
     """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
-    train_sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
+    train_sampler = DistributedSampler(
+        train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed
+    )
     common = dict(
         batch_size=args.batch_size,
         num_workers=args.workers,
