@@ -1,0 +1,122 @@
+"""Baking: every valid answer gives a clean project; every invalid one stops in the hook."""
+
+import json
+import py_compile
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
+
+SHARED_PACKAGE = {"__init__", "settings", "cli", "errors", "logs", "archive", "images"}
+FRAMEWORK_PACKAGE = {"distributed", "checkpoint", "data", "model", "engine"}
+SHARED_TESTS = {"conftest.py", "test_archive.py", "test_run.py"}
+FRAMEWORK_TESTS = {
+    "pytorch": {"test_sampler.py", "test_checkpoint.py", "test_parity.py"},
+    "paddle": {"test_sampler.py", "test_checkpoint.py", "test_parity.py"},
+}
+ROOT_FILES = {
+    "README.md",
+    "run.sh",
+    "run.py",
+    "requirements.txt",
+    "requirements-dev.txt",
+    "pyproject.toml",
+    ".pre-commit-config.yaml",
+    ".gitignore",
+}
+JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
+
+
+def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
+    files = set(ROOT_FILES)
+    files |= {f"{slug}/{name}.py" for name in SHARED_PACKAGE | FRAMEWORK_PACKAGE}
+    files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
+    if answers["dataset"] == "zip":
+        files.add("data/digits.zip")
+    return files
+
+
+def project_files(project: Path) -> set[str]:
+    """Every file, except the unpacked sample images of dataset=folder (checked on their own)."""
+    return {
+        path.relative_to(project).as_posix()
+        for path in project.rglob("*")
+        if path.is_file() and not path.relative_to(project).as_posix().startswith("data/digits/")
+    }
+
+
+ALL_VALID = valid_answers("pytorch") + valid_answers("paddle")
+
+
+@pytest.mark.parametrize("answers", ALL_VALID, ids=[answers_id(a) for a in ALL_VALID])
+def test_every_valid_answer_bakes_a_clean_project(bake, answers):
+    project = bake(**answers)
+
+    assert project_files(project) == expected_files(answers)
+    for path in project.rglob("*"):
+        if path.is_file() and path.suffix in {".py", ".sh", ".md", ".txt", ".toml", ".yaml"}:
+            text = path.read_text(encoding="utf-8")
+            assert not any(mark in text for mark in JINJA_MARKS), f"unrendered Jinja in {path}"
+        if path.suffix == ".py":
+            py_compile.compile(str(path), doraise=True)
+    lint = run(["ruff", "check", "--no-cache", "."], project)
+    assert lint.returncode == 0, lint.stdout
+    shellcheck = run(["shellcheck", "run.sh"], project)
+    assert shellcheck.returncode == 0, shellcheck.stdout
+
+
+INVALID = [
+    ({"framework": "pytorch", "launcher": "fleetrun"}, "launcher 'fleetrun' does not work with framework 'pytorch'"),
+    ({"framework": "paddle", "launcher": "torchrun"}, "launcher 'torchrun' does not work with framework 'paddle'"),
+    ({"framework": "paddle", "launcher": "spawn", "nodes": "multi"}, "nodes=multi use launcher=launch"),
+    ({"project_name": "2 Fast"}, "project_slug '2_fast' is not a Python identifier"),
+]
+
+
+@pytest.mark.parametrize("answers, message", INVALID, ids=[answers_id(a) for a, _ in INVALID])
+def test_an_invalid_answer_stops_with_one_line_and_leaves_no_folder(tmp_path, answers, message):
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", str(TEMPLATE), "-o", str(tmp_path)]
+    result = subprocess.run(
+        command + [f"{key}={value}" for key, value in answers.items()],
+        capture_output=True,
+        text=True,
+        env=tool_env(),
+    )
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def read_settings(project: Path, slug: str = "dist_train") -> dict:
+    namespace: dict = {}
+    exec((project / slug / "settings.py").read_text(encoding="utf-8"), namespace)
+    return {key: value for key, value in namespace.items() if key.isupper()}
+
+
+@pytest.mark.parametrize("framework, launcher", [("pytorch", "torchrun"), ("paddle", "launch")])
+def test_an_unset_launcher_resolves_to_the_frameworks_recommended_one(bake, framework, launcher):
+    project = bake(framework=framework)
+    assert read_settings(project)["LAUNCHER"] == launcher
+    assert launcher in (project / "run.sh").read_text(encoding="utf-8").splitlines()[1]
+
+
+def test_a_folder_project_ships_the_sample_images_unpacked(bake):
+    project = bake(dataset="folder")
+    for split, count in (("train", 1437), ("val", 360)):
+        images = list((project / "data" / "digits" / split).glob("*/*.png"))
+        assert len(images) == count
+        assert {image.parent.name for image in images} == {str(digit) for digit in range(10)}
+
+
+@pytest.mark.parametrize(
+    "name, slug",
+    [("My Project", "my_project"), ('He said "hi" \\ o\'k', "he_said_hi_o_k"), ("分布式训练", "fen_bu_shi_xun_lian")],
+)
+def test_names_with_spaces_quotes_or_chinese_bake_a_valid_slug(bake, name, slug):
+    project = bake(project_name=name)
+    assert project.name == slug
+    assert read_settings(project, slug)["FRAMEWORK"] == "pytorch"
+    assert name in (project / "README.md").read_text(encoding="utf-8").splitlines()[0]
