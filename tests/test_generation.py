@@ -1,6 +1,5 @@
 """Baking: every valid answer gives a clean project; every invalid one stops in the hook."""
 
-import json
 import py_compile
 import subprocess
 import sys

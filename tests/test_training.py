@@ -1,0 +1,172 @@
+"""Slow tier: bake projects and train them for real, 2 processes on CPU, for every launcher."""
+
+import json
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import run, tool_env
+
+pytestmark = pytest.mark.slow
+
+TRAIN_SIZE, VAL_SIZE = 1437, 360  # the sample digits archive
+CHECKPOINT_FILES = {
+    "pytorch": {"last.pt", "best.pt"},
+    "paddle": {"last.pdparams", "last.pdopt", "best.pdparams", "best.pdopt"},
+}
+LAUNCH_CASES = [
+    {"framework": "pytorch", "launcher": "torchrun"},
+    {"framework": "pytorch", "launcher": "launch"},
+    {"framework": "pytorch", "launcher": "spawn"},
+    {"framework": "paddle", "launcher": "launch", "paddle_api": "basic"},
+    {"framework": "paddle", "launcher": "launch", "paddle_api": "highlevel"},
+    {"framework": "paddle", "launcher": "spawn", "paddle_api": "basic"},
+    {"framework": "paddle", "launcher": "spawn", "paddle_api": "highlevel"},
+    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "basic"},
+    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "highlevel"},
+]
+
+
+def train(project: Path, *args: str, nproc: int = 2, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    result = run(["bash", "run.sh", *args], project, timeout=timeout, NPROC_PER_NODE=str(nproc), **env)
+    assert result.returncode == 0, f"run.sh failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def read_metrics(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def checkpoint_summary(project: Path, framework: str, output: Path) -> dict:
+    """Keys and epoch of the last checkpoint, read the way a user would, in a fresh interpreter."""
+    if framework == "pytorch":
+        code = (
+            "import json, sys, torch; state = torch.load(sys.argv[1] + '/last.pt', weights_only=True); "
+            "print(json.dumps({'keys': sorted(state), 'epoch': state['epoch'], 'model': sorted(state['model'])}))"
+        )
+    else:
+        code = (
+            "import json, sys, paddle; model = paddle.load(sys.argv[1] + '/last.pdparams'); "
+            "state = paddle.load(sys.argv[1] + '/last.pdopt'); "
+            "print(json.dumps({'keys': sorted(state), 'epoch': state['epoch'], 'model': sorted(model)}))"
+        )
+    result = run(["python", "-c", code, str(output / "checkpoints")], project)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("answers", LAUNCH_CASES, ids=lambda a: "-".join(a.values()))
+def test_two_processes_train_write_once_and_resume(bake, tmp_path, answers):
+    project = bake(**answers)
+    output = tmp_path / "out"
+
+    train(project, "--epochs", "2", "--output-dir", str(output))
+
+    metrics = read_metrics(output)
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    for record in metrics:
+        assert record["world_size"] == 2
+        assert record["global_batch_size"] == 2 * 32
+        assert record["train_samples"] == TRAIN_SIZE
+        assert record["val_samples"] == VAL_SIZE
+        assert {"train_loss", "val_loss", "val_acc", "epoch_time_s"} <= record.keys()
+    assert metrics[1]["val_acc"] > 0.5
+    assert {p.name for p in (output / "checkpoints").iterdir()} == CHECKPOINT_FILES[answers["framework"]]
+    summary = checkpoint_summary(project, answers["framework"], output)
+    assert summary["epoch"] == 2
+    assert not any(name.startswith(("module.", "_layers.")) for name in summary["model"])
+    if answers["framework"] == "pytorch":
+        assert {"model", "optimizer", "epoch", "scheduler", "scaler", "rng"} <= set(summary["keys"])
+    # Rank 0 alone writes the outputs; rank 1 only its own log.
+    assert (output / "train.log").exists()
+    assert [p.name for p in (output / "logs").iterdir()] == ["rank1.log"]
+
+    train(project, "--epochs", "3", "--output-dir", str(output))
+
+    resumed = read_metrics(output)
+    assert [m["epoch"] for m in resumed] == [1, 2, 3]
+    assert resumed[:2] == metrics
+    assert checkpoint_summary(project, answers["framework"], output)["epoch"] == 3
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "paddle"])
+def test_the_default_project_reaches_ninety_percent_and_says_where_the_checkpoint_is(bake, framework):
+    project = bake(framework=framework)
+
+    result = train(project)
+
+    metrics = read_metrics(project / "output")
+    assert len(metrics) == 10
+    assert metrics[-1]["val_acc"] >= 0.9
+    last = "last.pt" if framework == "pytorch" else "last.pdparams"
+    assert str(project / "output" / "checkpoints" / last) in result.stdout
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"framework": "pytorch", "dataset": "folder"},
+        {"framework": "pytorch", "dataset": "synthetic", "install_requirements": "yes"},
+        {"framework": "paddle", "dataset": "folder"},
+        {"framework": "paddle", "dataset": "synthetic", "install_requirements": "yes"},
+    ],
+    ids=lambda a: "-".join(a.values()),
+)
+def test_folder_and_synthetic_projects_train_out_of_the_box(bake, tmp_path, answers):
+    project = bake(**answers)
+
+    train(project, "--epochs", "1", "--output-dir", str(tmp_path / "out"))
+
+    [record] = read_metrics(tmp_path / "out")
+    assert record["world_size"] == 2
+    assert record["train_samples"] == (2048 if answers["dataset"] == "synthetic" else TRAIN_SIZE)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"framework": "pytorch", "launcher": "torchrun"},
+        {"framework": "pytorch", "launcher": "launch"},
+        {"framework": "pytorch", "launcher": "spawn"},
+        {"framework": "paddle", "launcher": "launch"},
+        {"framework": "paddle", "launcher": "fleetrun"},
+    ],
+    ids=lambda a: "-".join(a.values()),
+)
+def test_two_machines_on_loopback_train_as_one_job(bake, tmp_path, answers):
+    machine0 = bake(nodes="multi", **answers)
+    machine1 = tmp_path / "machine1"
+    shutil.copytree(machine0, machine1)
+    env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "1"}
+    command = ["bash", "run.sh", "--epochs", "1", "--output-dir", "out"]
+
+    nodes = [
+        subprocess.Popen(command, cwd=machine, env=tool_env(NODE_RANK=str(rank), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank, machine in enumerate((machine0, machine1))
+    ]  # fmt: skip
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    [record] = read_metrics(machine0 / "out")
+    assert record["world_size"] == 2
+    assert record["train_samples"] == TRAIN_SIZE
+    assert not (machine1 / "out" / "metrics.jsonl").exists()
+    assert not (machine1 / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "paddle"])
+def test_a_baked_projects_own_test_suite_passes(bake, framework):
+    project = bake(framework=framework)
+
+    result = run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, timeout=600)
+
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
