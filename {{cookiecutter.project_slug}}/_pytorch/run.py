@@ -56,6 +56,7 @@ def train(args) -> None:
             train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
             train_stats = engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch)
             val_stats = engine.evaluate(model, val_loader, env, scaler.is_enabled())
+            lr = optimizer.param_groups[0]["lr"]  # the rate this epoch trained with
             scheduler.step()
             is_best = val_stats["acc"] > best_acc
             best_acc = max(best_acc, val_stats["acc"])
@@ -69,7 +70,7 @@ def train(args) -> None:
                 "train_samples": train_stats["samples"],
                 "val_samples": val_stats["samples"],
                 "epoch_time_s": round(time.perf_counter() - started, 3),
-                "lr": optimizer.param_groups[0]["lr"],
+                "lr": lr,
             }
             if env.is_main:
                 logs.append_metrics(metrics_path, record)
