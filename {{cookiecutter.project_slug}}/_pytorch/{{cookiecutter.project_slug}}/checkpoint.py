@@ -90,7 +90,7 @@ def load_checkpoint(path: Path, device: torch.device) -> dict:
     try:
         # weights_only: a checkpoint can hold tensors and plain data, never code.
         return torch.load(path, map_location=device, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise UserError(
             f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): delete it, or pass --resume none"
         ) from None
@@ -98,17 +98,23 @@ def load_checkpoint(path: Path, device: torch.device) -> dict:
 
 def atomic_save(state: dict, path: Path) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)  # a failed save (disk full, ...) leaves no half-written file
 
 
 def atomic_copy(source: Path, path: Path) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    shutil.copyfile(source, temporary)
-    os.replace(temporary, path)
+    try:
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def capture_rng() -> dict:

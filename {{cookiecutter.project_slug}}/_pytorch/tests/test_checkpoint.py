@@ -1,0 +1,213 @@
+"""Checkpoints hold everything a resumed run needs, load safely, and never leave a broken file behind."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from {{ cookiecutter.project_slug }} import checkpoint
+from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
+from {{ cookiecutter.project_slug }}.errors import UserError
+
+CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def build_checkpointer(directory, out_features: int = 3, model: nn.Module | None = None) -> Checkpointer:
+    model = model or nn.Linear(4, out_features)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return Checkpointer(directory, CPU, model, optimizer, scheduler, scaler)
+
+
+def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
+    """A few optimizer and scheduler steps, so there is momentum and a schedule position to lose."""
+    for _ in range(steps):
+        inputs, labels = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        loss = F.cross_entropy(checkpointer.model(inputs), labels)
+        checkpointer.optimizer.zero_grad()
+        loss.backward()
+        checkpointer.optimizer.step()
+        checkpointer.scheduler.step()
+
+
+def draw_random_numbers() -> tuple:
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def load(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_same_tensors(left: dict, right: dict) -> None:
+    assert left.keys() == right.keys()
+    for key in left:
+        torch.testing.assert_close(left[key], right[key], rtol=0, atol=0)
+
+
+def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+
+    saver.save(epoch=3, best_acc=0.5, is_best=False)
+
+    state = load(tmp_path / "last.pt")
+    assert {"model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng"} <= state.keys()
+    assert state["epoch"] == 3
+    assert state["best_acc"] == 0.5
+    assert_same_tensors(state["model"], saver.model.state_dict())
+    assert state["optimizer"]["state"], "momentum buffers are missing"
+    assert state["scheduler"]["last_epoch"] == 3
+    assert saver.last_path == tmp_path / "last.pt"
+
+
+@pytest.fixture
+def process_group_of_one(tmp_path):
+    """A real (gloo) process group with this process as its only rank, so DDP can wrap a model."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_weights_saved_from_a_ddp_model_have_no_module_prefix(tmp_path, process_group_of_one):
+    plain = nn.Linear(4, 3)
+    saver = build_checkpointer(tmp_path / "checkpoints", model=DistributedDataParallel(plain))
+    assert all(key.startswith("module.") for key in saver.model.state_dict())
+
+    saver.save(epoch=1, best_acc=0.1, is_best=False)
+
+    weights = load(tmp_path / "checkpoints/last.pt")["model"]
+    assert sorted(weights) == ["bias", "weight"]
+    fresh = nn.Linear(4, 3)
+    fresh.load_state_dict(weights)  # strict: the user's own model takes them as they are
+    assert_same_tensors(fresh.state_dict(), plain.state_dict())
+
+
+def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
+    torch.manual_seed(1)
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+    saver.save(epoch=2, best_acc=0.75, is_best=True)
+    numbers_after_save = draw_random_numbers()
+    saved_model = {k: v.clone() for k, v in saver.model.state_dict().items()}
+    saved_optimizer = saver.optimizer.state_dict()
+
+    torch.manual_seed(2)  # a new process: other weights, other random streams
+    random.seed(2)
+    np.random.seed(2)
+    resumer = build_checkpointer(tmp_path)
+    assert (resumer.model.weight != saved_model["weight"]).any()
+
+    assert resumer.resume("auto") == (2, 0.75)
+
+    assert draw_random_numbers() == numbers_after_save
+    assert_same_tensors(resumer.model.state_dict(), saved_model)
+    restored = resumer.optimizer.state_dict()
+    assert restored["param_groups"] == saved_optimizer["param_groups"]
+    for index, buffers in saved_optimizer["state"].items():
+        assert_same_tensors(restored["state"][index], buffers)
+    assert resumer.scheduler.last_epoch == saver.scheduler.last_epoch == 3
+    assert resumer.optimizer.param_groups[0]["lr"] == saver.optimizer.param_groups[0]["lr"]
+
+
+def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0)
+
+
+def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=4, best_acc=0.9, is_best=False)
+    fresh = build_checkpointer(tmp_path)
+    weights = {k: v.clone() for k, v in fresh.model.state_dict().items()}
+
+    assert fresh.resume("none") == (0, 0.0)
+    assert_same_tensors(fresh.model.state_dict(), weights)
+
+
+def test_resume_from_an_explicit_path_loads_that_file(tmp_path):
+    build_checkpointer(tmp_path / "old").save(epoch=5, best_acc=0.6, is_best=False)
+
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt")) == (5, 0.6)
+
+
+def test_resume_from_a_missing_path_says_so(tmp_path):
+    missing = tmp_path / "nope.pt"
+    with pytest.raises(UserError, match="not found") as error:
+        build_checkpointer(tmp_path).resume(str(missing))
+    assert str(missing) in str(error.value)
+
+
+def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
+    saver = build_checkpointer(tmp_path)
+
+    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    assert load(tmp_path / "best.pt")["epoch"] == 1
+
+    saver.save(epoch=2, best_acc=0.5, is_best=False)
+    assert load(tmp_path / "best.pt")["epoch"] == 1
+    assert load(tmp_path / "last.pt")["epoch"] == 2
+
+    saver.save(epoch=3, best_acc=0.8, is_best=True)
+    assert load(tmp_path / "best.pt")["epoch"] == 3
+
+
+def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.0, is_best=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
+    build_checkpointer(tmp_path, out_features=3).save(epoch=1, best_acc=0.1, is_best=False)
+    other = build_checkpointer(tmp_path, out_features=5)
+
+    with pytest.raises(UserError, match="does not match the model") as error:
+        other.resume("auto")
+
+    message = str(error.value)
+    assert "weight" in message and "size mismatch" in message
+    assert "--resume none" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage):
+    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
+    path = tmp_path / "last.pt"
+    data = path.read_bytes()
+    damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
+    path.write_bytes(damaged[damage])
+
+    with pytest.raises(UserError, match="corrupt") as error:
+        build_checkpointer(tmp_path).resume("auto")
+    assert str(path) in str(error.value)
+
+
+def test_saving_leaves_no_temporary_file(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    for epoch in (1, 2, 3):
+        saver.save(epoch=epoch, best_acc=0.1 * epoch, is_best=True)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_crash_while_saving_keeps_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+    saver = build_checkpointer(tmp_path)
+    saver.save(epoch=1, best_acc=0.5, is_best=True)
+
+    def disk_full(state, file):
+        file.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError):
+        saver.save(epoch=2, best_acc=0.9, is_best=True)
+    monkeypatch.undo()
+
+    assert load(tmp_path / "last.pt")["epoch"] == 1
+    assert load(tmp_path / "best.pt")["epoch"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]

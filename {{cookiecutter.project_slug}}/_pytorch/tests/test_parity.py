@@ -1,0 +1,135 @@
+"""The scaffold's own loop trains the same model however the global batch is split.
+
+Two ranks with batch b, one process with batch b and 2 accumulation steps, and
+two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
+as one process with batch 2b: DistributedSampler draws one permutation per
+epoch on every rank and rank r takes every other sample of it, so step k
+covers the same 2b samples in every set-up. The model has no batch norm or
+dropout, whose results depend on how a batch is split.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from {{ cookiecutter.project_slug }} import cli, distributed, engine
+
+pytestmark = pytest.mark.slow
+
+SAMPLES, FEATURES, CLASSES = 64, 8, 4
+B = 8  # per-process batch of the two-rank run; 64 samples = 4 steps of 2B per epoch
+EPOCHS = 2
+
+
+def dataset() -> TensorDataset:
+    generator = torch.Generator().manual_seed(123)
+    inputs = torch.randn(SAMPLES, FEATURES, generator=generator)
+    labels = torch.randint(0, CLASSES, (SAMPLES,), generator=generator)
+    return TensorDataset(inputs, labels)
+
+
+def small_mlp() -> nn.Module:
+    torch.manual_seed(0)  # the same initial weights in every set-up
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+
+
+def train(batch_size: int, grad_accum: int) -> dict:
+    """Train with the project's loaders, DDP wrapper and loop; return parameters and per-epoch stats."""
+    env = distributed.setup("cpu", timeout_s=120)
+    try:
+        args = cli.parse_args(
+            ["--batch-size", str(batch_size), "--grad-accum", str(grad_accum), "--seed", "5", "--no-amp"]
+        )
+        train_loader, _ = engine.build_loaders(dataset(), dataset(), args, env)
+        model = distributed.wrap_model(small_mlp(), env)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        epochs = []
+        for epoch in range(1, EPOCHS + 1):
+            train_loader.sampler.set_epoch(epoch)
+            epochs.append(engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch))
+        return {
+            # Plain numpy arrays and numbers only: tensors do not travel well between processes.
+            "parameters": [p.detach().numpy().copy() for p in distributed.unwrap(model).parameters()],
+            "losses": np.array([stats["loss"] for stats in epochs]),
+            "samples": np.array([stats["samples"] for stats in epochs]),
+        }
+    finally:
+        distributed.cleanup()
+
+
+def rank_worker(rank: int, world_size: int, port: int, batch_size: int, grad_accum: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
+    result = train(batch_size, grad_accum)
+    np.savez(
+        os.path.join(out_dir, f"rank{rank}.npz"),
+        *result["parameters"],
+        losses=result["losses"],
+        samples=result["samples"],
+    )
+
+
+def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
+    """Train in world_size spawned processes joined by gloo; every rank's result."""
+    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
+    out_dir.mkdir()
+    port = distributed.free_port()
+    mp.spawn(rank_worker, args=(world_size, port, batch_size, grad_accum, str(out_dir)), nprocs=world_size)
+    results = []
+    for rank in range(world_size):
+        with np.load(out_dir / f"rank{rank}.npz") as saved:
+            parameters = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
+            results.append({"parameters": parameters, "losses": saved["losses"], "samples": saved["samples"]})
+    return results
+
+
+def train_here(batch_size: int, grad_accum: int) -> dict:
+    """Train in this process, as `python run.py` does: no launcher variables, no process group."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS"):
+            patch.delenv(name, raising=False)
+        return train(batch_size, grad_accum)
+
+
+@pytest.fixture(scope="module")
+def one_process_with_batch_2b() -> dict:
+    return train_here(2 * B, grad_accum=1)
+
+
+def assert_same_training(result: dict, reference: dict) -> None:
+    for got, expected in zip(result["parameters"], reference["parameters"], strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(result["losses"], reference["losses"], rtol=1e-4, atol=1e-5)
+    assert list(result["samples"]) == [SAMPLES] * EPOCHS
+
+
+def test_reference_run_really_trains(one_process_with_batch_2b):
+    for trained, start in zip(one_process_with_batch_2b["parameters"], small_mlp().parameters(), strict=True):
+        assert not np.allclose(trained, start.detach().numpy(), atol=1e-3)
+    assert one_process_with_batch_2b["losses"][1] < one_process_with_batch_2b["losses"][0]
+
+
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
+    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B, grad_accum=1)
+
+    for result in ranks:
+        assert_same_training(result, one_process_with_batch_2b)
+
+
+def test_one_process_accumulating_two_batches_of_b_matches_one_batch_of_2b(one_process_with_batch_2b):
+    assert_same_training(train_here(B, grad_accum=2), one_process_with_batch_2b)
+
+
+def test_two_ranks_accumulating_without_sync_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
+    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B // 2, grad_accum=2)
+
+    for result in ranks:
+        assert_same_training(result, one_process_with_batch_2b)

@@ -1,0 +1,162 @@
+"""Real training runs on CPU: two processes through run.sh, and one through plain python run.py.
+
+Framework-neutral: what differs between frameworks (checkpoint file names, the
+dataset) is read from the project's settings.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.project_slug }} import cli, settings
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 600
+METRIC_KEYS = {
+    "epoch",
+    "train_loss",
+    "val_loss",
+    "val_acc",
+    "world_size",
+    "global_batch_size",
+    "train_samples",
+    "val_samples",
+    "epoch_time_s",
+}
+CHECKPOINT_FILES = {
+    "pytorch": {"last.pt", "best.pt"},
+    "paddle": {"last.pdparams", "last.pdopt", "best.pdparams"},
+}[settings.FRAMEWORK]
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "SLURM_NTASKS")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def count_files(names) -> int:
+    """Files among archive entry names or paths, leaving out folders and hidden files."""
+    return sum(1 for name in names if not name.endswith("/") and not Path(name).name.startswith("."))
+
+
+def expected_sizes(project_root: Path) -> tuple[int, int]:
+    """(training samples, validation samples) of the data this project trains on by default."""
+    if settings.DATASET == "synthetic":
+        from {{ cookiecutter.project_slug }} import data
+
+        return data.SYNTHETIC_TRAIN, data.SYNTHETIC_VAL
+    if settings.DATASET == "zip":
+        with zipfile.ZipFile(project_root / cli.SAMPLE_ARCHIVE) as zf:
+            names = zf.namelist()
+        return (
+            count_files(n for n in names if n.startswith("train/")),
+            count_files(n for n in names if n.startswith("val/")),
+        )
+    root = project_root / cli.SAMPLE_DATA_DIR
+    return (
+        count_files(p.name for p in (root / "train").rglob("*") if p.is_file()),
+        count_files(p.name for p in (root / "val").rglob("*") if p.is_file()),
+    )
+
+
+def run(command: list[str], project_root: Path, nproc: int) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env.update(
+        NPROC_PER_NODE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+    )
+    result = subprocess.run(
+        command, cwd=project_root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def training_args(output_dir: Path, epochs: int) -> list[str]:
+    args = ["--epochs", str(epochs), "--output-dir", str(output_dir), "--device", "cpu"]
+    if settings.DATASET == "zip":
+        # Extract into the test's own folder, not the project's data/.
+        args += ["--data-dir", str(output_dir.parent / "data")]
+    return args
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, project_root) -> Path:
+    """`NPROC_PER_NODE=2 bash run.sh --epochs 2`; its output folder."""
+    output_dir = tmp_path_factory.mktemp("two_processes") / "output"
+    run(["bash", "run.sh", *training_args(output_dir, epochs=2)], project_root, nproc=2)
+    return output_dir
+
+
+def test_two_processes_log_one_metrics_line_per_epoch_over_the_whole_dataset(two_process_run, project_root):
+    train_size, val_size = expected_sizes(project_root)
+    batch_size = cli.parse_args([]).batch_size
+
+    metrics = read_metrics(two_process_run)
+
+    assert [record["epoch"] for record in metrics] == [1, 2]
+    for record in metrics:
+        assert METRIC_KEYS <= record.keys()
+        assert record["world_size"] == 2
+        assert record["global_batch_size"] == 2 * batch_size
+        assert record["train_samples"] == train_size  # not twice it, and no padded repeats
+        assert record["val_samples"] == val_size  # every validation sample exactly once
+
+
+def test_two_processes_write_checkpoints_logs_and_metrics_from_rank_0_only(two_process_run):
+    # Each output exists once, where rank 0 puts it (a launcher may keep its own logs beside them).
+    outputs = sorted(p.relative_to(two_process_run).as_posix() for p in two_process_run.rglob("*") if p.is_file())
+    expected = {"metrics.jsonl": "metrics.jsonl", "train.log": "train.log"}
+    expected |= {name: f"checkpoints/{name}" for name in CHECKPOINT_FILES}
+    for name, where in expected.items():
+        assert [path for path in outputs if Path(path).name == name] == [where]
+    assert (two_process_run / "train.log").read_text().strip()
+    # The other rank logs to its own file only.
+    assert sorted(p.name for p in (two_process_run / "logs").iterdir()) == ["rank1.log"]
+    checkpoints = [p.name for p in (two_process_run / "checkpoints").iterdir()]
+    assert not [name for name in checkpoints if name.startswith(".")], "a temporary checkpoint file was left"
+
+
+def test_second_run_with_more_epochs_resumes_and_adds_only_the_new_epoch(two_process_run, project_root, tmp_path):
+    output_dir = tmp_path / "output"
+    shutil.copytree(two_process_run, output_dir)
+    before = (output_dir / "metrics.jsonl").read_text().splitlines()
+
+    run(["bash", "run.sh", *training_args(output_dir, epochs=3)], project_root, nproc=2)
+
+    after = (output_dir / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == before  # epochs 1 and 2 are neither trained nor logged again
+    assert [record["epoch"] for record in read_metrics(output_dir)] == [1, 2, 3]
+    assert read_metrics(output_dir)[2]["world_size"] == 2
+
+
+def test_plain_python_run_trains_in_one_process(project_root, tmp_path):
+    output_dir = tmp_path / "output"
+    train_size, val_size = expected_sizes(project_root)
+
+    run([sys.executable, "run.py", *training_args(output_dir, epochs=1)], project_root, nproc=1)
+
+    (record,) = read_metrics(output_dir)
+    assert record["epoch"] == 1
+    assert record["world_size"] == 1
+    assert record["global_batch_size"] == cli.parse_args([]).batch_size
+    assert record["train_samples"] == train_size
+    assert record["val_samples"] == val_size
+    assert CHECKPOINT_FILES <= {p.name for p in (output_dir / "checkpoints").iterdir()}
+    assert not (output_dir / "logs").exists()  # there are no other ranks to log
