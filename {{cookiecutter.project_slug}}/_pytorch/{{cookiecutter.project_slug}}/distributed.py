@@ -109,10 +109,10 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
     nproc = int(os.environ.get("NPROC_PER_NODE", torch.cuda.device_count() or 1))
-    if LAUNCHER != "spawn" or nproc == 1 or "RANK" in os.environ:
+    nnodes = int(os.environ.get("NNODES", 1))
+    if LAUNCHER != "spawn" or nproc * nnodes == 1 or "RANK" in os.environ:
         worker(args)
         return
-    nnodes = int(os.environ.get("NNODES", 1))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         if nnodes > 1:
