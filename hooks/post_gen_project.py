@@ -11,6 +11,7 @@ from pathlib import Path
 
 FRAMEWORK_DIRS = ("_pytorch", "_paddle")
 SAMPLE_ARCHIVE = Path("data/digits.zip")
+PADDLE_VARIANTS = Path("variants")
 
 
 def use_framework_files(framework: str) -> None:
@@ -27,6 +28,15 @@ def remove_framework_dirs() -> None:
         shutil.rmtree(name, ignore_errors=True)
 
 
+def use_paddle_variant(variant: str, destination: str) -> None:
+    """Paddle: put variants/<variant> in place of the file the default answers use."""
+    (PADDLE_VARIANTS / variant).replace(destination)
+
+
+def remove_paddle_variants() -> None:
+    shutil.rmtree(PADDLE_VARIANTS)
+
+
 def unpack_sample_archive() -> None:
     """dataset=folder: ship the sample data already unpacked, as such projects expect."""
     with zipfile.ZipFile(SAMPLE_ARCHIVE) as archive:
@@ -41,6 +51,16 @@ def remove_sample_data() -> None:
 def main(answers: dict) -> None:
     use_framework_files(answers["framework"])
     remove_framework_dirs()
+    if answers["framework"] == "paddle":
+        package = answers["project_slug"]
+        # fleet wraps the model and optimizer of the own loop; paddle.Model wraps its network itself.
+        if answers["paddle_api"] == "basic" and answers["launcher"] == "fleetrun":
+            use_paddle_variant("distributed_fleet.py", f"{package}/distributed.py")
+        elif answers["paddle_api"] == "highlevel":
+            use_paddle_variant("run_highlevel.py", "run.py")
+            use_paddle_variant("engine_highlevel.py", f"{package}/engine.py")
+            use_paddle_variant("test_parity_highlevel.py", "tests/test_parity.py")
+        remove_paddle_variants()
     if answers["dataset"] == "folder":
         unpack_sample_archive()
     elif answers["dataset"] == "synthetic":

@@ -72,4 +72,57 @@ export NPROC_PER_NODE NNODES
 export NODE_RANK MASTER_ADDR MASTER_PORT
 {%- endif %}
 exec python run.py "$@"
+{%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
+# {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
+# to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's --output-dir
+# (launch-logs/nodeR on several machines), overwritten by every run.
+output_dir_of() {
+  local dir=output
+  while (($# > 0)); do
+    case $1 in
+      --output-dir=*) dir=${1#*=} ;;
+      --output-dir) dir=${2:-$dir} ;;
+    esac
+    shift
+  done
+  echo "$dir"
+}
+
+# The console shows worker 0's output only: name the error of each other worker that failed differently.
+show_worker_errors() {
+  local log last first
+  first=$(tail -n 1 "$1/workerlog.0" 2>/dev/null) || first=""
+  for log in "$1"/workerlog.*; do
+    last=$(tail -n 1 "$log" 2>/dev/null) || continue
+    if [[ $log != */workerlog.0 && $last != "$first" ]] && grep -qE '^(error: |Traceback)' "$log"; then
+      echo "$log: $last" >&2
+    fi
+  done
+}
+
+log_dir="$(output_dir_of "$@")/launch-logs"
+launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
+{%- if cookiecutter.nodes == "multi" %}
+if ((NNODES > 1)); then
+  # Machine 0 hosts the master; launch would take a busy port for a running master's and wait forever.
+  # (Simulating machines on one, start machine 0 first or together: there any of them may host it.)
+  if ((NODE_RANK == 0)) && (: <"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; then
+    echo "error: MASTER_PORT $MASTER_PORT on $MASTER_ADDR is in use: pick a free one, the same on every machine" >&2
+    exit 1
+  fi
+  log_dir+="/node$NODE_RANK"
+  launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES" --rank "$NODE_RANK")
+fi
+{%- endif %}
+status=0
+# paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
+{%- if cookiecutter.launcher == "launch" %}
+python -W "ignore:No ccache found" -m paddle.distributed.launch "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" || status=$?
+{%- else %}
+PYTHONWARNINGS="ignore:No ccache found" fleetrun "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" || status=$?
+{%- endif %}
+if ((status != 0)); then
+  show_worker_errors "$log_dir"
+fi
+exit "$status"
 {%- endif %}

@@ -1,0 +1,105 @@
+"""Train the model: one process, or many started by run.sh.
+
+python run.py [--epochs N ...]      one process (CPU or one GPU)
+NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
+"""
+# ruff: noqa: E402 (the quiet-start lines below must run before paddle is imported)
+
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+# Quiet start: paddle's import warns that ccache, used only to compile C++ extensions, is missing,
+# and its C++ core logs each connection at INFO level.
+warnings.filterwarnings("ignore", "No ccache found")
+os.environ.setdefault("GLOG_minloglevel", "1")
+
+import paddle
+
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, logs
+from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
+from {{ cookiecutter.project_slug }}.data import build_datasets
+from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.model import build_model
+
+
+def train(args) -> None:
+    env = distributed.setup(args.device, args.dist_timeout)
+    try:
+        log = logs.setup_logging(args.output_dir, env.rank)
+        if args.dataset_zip and not args.synthetic:
+            archive.ensure_extracted(
+                args.dataset_zip,
+                args.data_dir,
+                max_bytes=args.archive_max_gb * 1e9,
+                show_progress=archive.show_progress_here(env.local_rank),
+            )
+        train_set, val_set, num_classes = build_datasets(args)
+        train_loader, val_loader = engine.build_loaders(train_set, val_set, args, env)
+
+        engine.seed_everything(args.seed)  # the same initial weights on every rank
+        model = distributed.wrap_model(build_model(num_classes), env, args.find_unused_parameters)
+        engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
+        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(args.lr, T_max=args.epochs)
+        optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=model.parameters())
+        optimizer = distributed.wrap_optimizer(optimizer)
+        scaler = paddle.amp.GradScaler(enable=args.amp and env.on_gpu)
+
+        output_dir = Path(args.output_dir)
+        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scaler)
+        start_epoch, best_acc = checkpoints.resume(args.resume)
+        metrics_path = output_dir / "metrics.jsonl"
+        if env.is_main:
+            logs.drop_metrics_after(metrics_path, start_epoch)
+
+        global_batch = args.batch_size * env.world_size * args.grad_accum
+        log.info(
+            "%d process(es) on %s; batch %d per process x %d x %d accumulation = global batch %d; %d train / %d val samples",
+            env.world_size, env.device, args.batch_size, env.world_size, args.grad_accum, global_batch,
+            len(train_set), len(val_set),
+        )  # fmt: skip
+        for epoch in range(start_epoch + 1, args.epochs + 1):
+            started = time.perf_counter()
+            train_loader.batch_sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+            train_stats = engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch)
+            val_stats = engine.evaluate(model, val_loader, env, scaler.is_enable())
+            scheduler.step()
+            is_best = val_stats["acc"] > best_acc
+            best_acc = max(best_acc, val_stats["acc"])
+            record = {
+                "epoch": epoch,
+                "train_loss": train_stats["loss"],
+                "val_loss": val_stats["loss"],
+                "val_acc": val_stats["acc"],
+                "world_size": env.world_size,
+                "global_batch_size": global_batch,
+                "train_samples": train_stats["samples"],
+                "val_samples": val_stats["samples"],
+                "epoch_time_s": round(time.perf_counter() - started, 3),
+                "lr": optimizer.get_lr(),
+            }
+            if env.is_main:
+                logs.append_metrics(metrics_path, record)
+            checkpoints.save(epoch, best_acc, is_best)
+            log.info(
+                "epoch %d/%d train_loss %.4f val_loss %.4f val_acc %.4f (%.1f s)",
+                epoch, args.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
+            )  # fmt: skip
+        log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())
+    finally:
+        distributed.cleanup()
+
+
+def train_or_explain(args) -> None:
+    """train(), but a UserError ends this process with its one-line message and exit status 1."""
+    try:
+        train(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    distributed.launch(train_or_explain, cli.parse_args())

@@ -1,0 +1,257 @@
+"""Checkpoints are a consistent pair that holds everything a resumed run needs and never a broken file."""
+
+import os
+import random
+import warnings
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+import pytest
+from paddle import nn
+
+from {{ cookiecutter.project_slug }} import checkpoint
+from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
+from {{ cookiecutter.project_slug }}.errors import UserError
+
+CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
+PAIR = ["last.pdopt", "last.pdparams"]
+
+
+def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: model) -> Checkpointer:
+    # Paddle keys optimizer state by parameter names: start them afresh, as in a new process.
+    with paddle.utils.unique_name.guard():
+        model = wrap(nn.Linear(4, out_features))
+        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(0.1, T_max=10)
+        optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=model.parameters())
+    return Checkpointer(directory, CPU, model, optimizer, paddle.amp.GradScaler(enable=False))
+
+
+def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
+    """A few optimizer and scheduler steps, so there is momentum and a schedule position to lose."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        inputs = paddle.to_tensor(rng.standard_normal((8, 4), dtype=np.float32))
+        labels = paddle.to_tensor(rng.integers(0, 3, 8))
+        F.cross_entropy(checkpointer.model(inputs), labels).backward()
+        with paddle.utils.unique_name.guard():  # the first step names the momentum buffers, as in a new process
+            checkpointer.optimizer.step()
+        checkpointer.optimizer.clear_grad()
+        checkpointer.optimizer._learning_rate.step()  # the scheduler the optimizer was given
+
+
+def draw_random_numbers() -> tuple:
+    return random.random(), float(np.random.rand()), paddle.rand([3]).tolist()
+
+
+def weights_of(model) -> dict:
+    return {key: value.numpy().copy() for key, value in model.state_dict().items()}
+
+
+def assert_same_weights(left: dict, right: dict) -> None:
+    assert left.keys() == right.keys()
+    for key in left:
+        np.testing.assert_array_equal(np.asarray(left[key]), np.asarray(right[key]))
+
+
+def test_last_checkpoint_is_a_pair_of_weights_and_training_state_that_paddle_load_reads(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+
+    saver.save(epoch=3, best_acc=0.5, is_best=False)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
+    assert_same_weights(weights_of(saver.model), paddle.load(str(tmp_path / "last.pdparams")))
+    state = paddle.load(str(tmp_path / "last.pdopt"))
+    assert {"optimizer", "scaler", "epoch", "best_acc", "rng"} <= state.keys()
+    assert state["epoch"] == 3
+    assert state["best_acc"] == 0.5
+    assert state["optimizer"]["LR_Scheduler"]["last_epoch"] == 3
+    assert any(key.endswith("velocity_0") for key in state["optimizer"]), "momentum buffers are missing"
+    assert saver.last_path == tmp_path / "last.pdparams"
+
+
+def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "return to single-card operation": one process is enough here
+        saver = build_checkpointer(tmp_path, wrap=paddle.DataParallel)
+    assert isinstance(saver.model, paddle.DataParallel)
+
+    saver.save(epoch=1, best_acc=0.1, is_best=False)
+
+    weights = paddle.load(str(tmp_path / "last.pdparams"))
+    assert sorted(weights) == ["bias", "weight"]
+    fresh = nn.Linear(4, 3)
+    assert fresh.set_state_dict(weights) == ([], [])  # the user's own model takes them as they are
+    assert_same_weights(weights_of(fresh), weights_of(saver.model))
+
+
+def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
+    paddle.seed(1)
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+    saver.save(epoch=2, best_acc=0.75, is_best=True)
+    numbers_after_save = draw_random_numbers()
+
+    paddle.seed(2)  # a new process: other weights, other random streams
+    random.seed(2)
+    np.random.seed(2)
+    resumer = build_checkpointer(tmp_path)
+    assert not np.array_equal(resumer.model.weight.numpy(), saver.model.weight.numpy())
+
+    assert resumer.resume("auto") == (2, 0.75)
+
+    assert draw_random_numbers() == numbers_after_save
+    assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
+    assert resumer.optimizer.get_lr() == saver.optimizer.get_lr()
+    # Momentum and schedule came back if the next steps match the uninterrupted run's exactly.
+    take_steps(saver, seed=9)
+    take_steps(resumer, seed=9)
+    assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
+
+
+def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0)
+
+
+def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=4, best_acc=0.9, is_best=False)
+    fresh = build_checkpointer(tmp_path)
+    weights = weights_of(fresh.model)
+
+    assert fresh.resume("none") == (0, 0.0)
+    assert_same_weights(weights_of(fresh.model), weights)
+
+
+@pytest.mark.parametrize("name", ["last.pdparams", "last.pdopt", "last"])
+def test_resume_from_an_explicit_path_loads_that_pair(tmp_path, name):
+    build_checkpointer(tmp_path / "old").save(epoch=5, best_acc=0.6, is_best=False)
+
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == (5, 0.6)
+
+
+def test_resume_from_a_missing_path_says_so(tmp_path):
+    missing = tmp_path / "nope.pdparams"
+    with pytest.raises(UserError, match="not found") as error:
+        build_checkpointer(tmp_path).resume(str(missing))
+    assert str(missing) in str(error.value)
+
+
+def test_weights_without_their_training_state_are_refused(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
+    (tmp_path / "last.pdopt").unlink()
+
+    with pytest.raises(UserError, match="last.pdopt"):
+        build_checkpointer(tmp_path).resume("auto")
+
+
+def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
+    saver = build_checkpointer(tmp_path)
+
+    def epoch_in(name: str) -> int:
+        return paddle.load(str(tmp_path / name))["epoch"]
+
+    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    assert epoch_in("best.pdopt") == 1
+
+    saver.save(epoch=2, best_acc=0.5, is_best=False)
+    assert epoch_in("best.pdopt") == 1
+    assert epoch_in("last.pdopt") == 2
+
+    take_steps(saver)
+    saver.save(epoch=3, best_acc=0.8, is_best=True)
+    assert epoch_in("best.pdopt") == 3
+    assert_same_weights(paddle.load(str(tmp_path / "best.pdparams")), weights_of(saver.model))
+
+
+def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.0, is_best=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
+
+
+def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
+    build_checkpointer(tmp_path, out_features=3).save(epoch=1, best_acc=0.1, is_best=False)
+    other = build_checkpointer(tmp_path, out_features=5)
+
+    with pytest.raises(UserError, match="does not match the model") as error:
+        other.resume("auto")
+
+    message = str(error.value)
+    assert "weight" in message and "size mismatch" in message
+    assert "--resume none" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", PAIR)
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, name):
+    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
+    path = tmp_path / name
+    data = path.read_bytes()
+    damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
+    path.write_bytes(damaged[damage])
+
+    with pytest.raises(UserError, match="corrupt") as error:
+        build_checkpointer(tmp_path).resume("auto")
+    assert str(path) in str(error.value)
+
+
+def test_saving_leaves_no_temporary_file(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    for epoch in (1, 2, 3):
+        saver.save(epoch=epoch, best_acc=0.1 * epoch, is_best=True)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
+
+
+def test_crash_while_writing_keeps_the_previous_pair_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    saver = build_checkpointer(tmp_path)
+    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    weights_at_1 = weights_of(saver.model)
+    take_steps(saver)
+    real_save = checkpoint.paddle.save
+
+    def disk_full_on_the_second_file(obj, path):
+        if path.endswith(".pdopt"):
+            raise OSError(28, "No space left on device")
+        real_save(obj, path)
+
+    monkeypatch.setattr(checkpoint.paddle, "save", disk_full_on_the_second_file)
+    with pytest.raises(OSError):
+        saver.save(epoch=2, best_acc=0.9, is_best=True)
+    monkeypatch.undo()
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
+    assert paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 1
+    assert_same_weights(paddle.load(str(tmp_path / "last.pdparams")), weights_at_1)
+    assert build_checkpointer(tmp_path).resume("auto") == (1, 0.5)
+
+
+def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, monkeypatch):
+    saver = build_checkpointer(tmp_path)
+    saver.save(epoch=1, best_acc=0.5, is_best=False)
+    take_steps(saver)
+    weights_at_2 = weights_of(saver.model)
+    real_replace = os.replace
+    calls = []
+
+    def crash_after_the_first_file(source, destination):
+        if calls:
+            raise KeyboardInterrupt  # the job is killed mid-save
+        calls.append(destination)
+        real_replace(source, destination)
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash_after_the_first_file)
+    with pytest.raises(KeyboardInterrupt):
+        saver.save(epoch=2, best_acc=0.5, is_best=False)
+    monkeypatch.undo()
+    new_state = paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 2
+    new_weights = np.array_equal(paddle.load(str(tmp_path / "last.pdparams"))["weight"].numpy(), weights_at_2["weight"])
+    assert new_state != new_weights  # one file of the pair on disk is new, the other old ...
+
+    resumer = build_checkpointer(tmp_path)
+    assert resumer.resume("auto") == (2, 0.5)  # ... and the next start finishes the save first
+
+    assert_same_weights(weights_of(resumer.model), weights_at_2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR

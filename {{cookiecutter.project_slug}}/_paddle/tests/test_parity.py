@@ -1,0 +1,133 @@
+"""The scaffold's own loop trains the same model however the global batch is split.
+
+Two ranks with batch b, one process with batch b and 2 accumulation steps, and
+two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
+as one process with batch 2b: DistributedBatchSampler draws one permutation
+per epoch on every rank and rank r takes the r-th slice of each global batch,
+so step k covers the same 2b samples in every set-up. The model has no batch
+norm or dropout, whose results depend on how a batch is split.
+"""
+
+import os
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import pytest
+from paddle import nn
+from paddle.io import TensorDataset
+
+from {{ cookiecutter.project_slug }} import cli, distributed, engine
+
+pytestmark = pytest.mark.slow
+
+SAMPLES, FEATURES, CLASSES = 64, 8, 4
+B = 8  # per-process batch of the two-rank run; 64 samples = 4 steps of 2B per epoch
+EPOCHS = 2
+LAUNCHER_VARIABLES = ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_LOCAL_RANK")
+
+
+def dataset() -> TensorDataset:
+    rng = np.random.default_rng(123)
+    inputs = rng.standard_normal((SAMPLES, FEATURES), dtype=np.float32)
+    labels = rng.integers(0, CLASSES, SAMPLES)
+    return TensorDataset([paddle.to_tensor(inputs), paddle.to_tensor(labels)])
+
+
+def build_model() -> nn.Layer:
+    paddle.seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+
+
+def train(batch_size: int, grad_accum: int) -> dict:
+    """Train with the project's loaders, model wrapper and loop; return parameters and per-epoch stats."""
+    env = distributed.setup("cpu", timeout_s=120)
+    try:
+        args = cli.parse_args(
+            ["--batch-size", str(batch_size), "--grad-accum", str(grad_accum), "--seed", "5", "--no-amp"]
+        )
+        train_loader, _ = engine.build_loaders(dataset(), dataset(), args, env)
+        model = distributed.wrap_model(build_model(), env)
+        optimizer = paddle.optimizer.Momentum(learning_rate=0.5, momentum=0.9, parameters=model.parameters())
+        optimizer = distributed.wrap_optimizer(optimizer)
+        scaler = paddle.amp.GradScaler(enable=False)
+        epochs = []
+        for epoch in range(1, EPOCHS + 1):
+            train_loader.batch_sampler.set_epoch(epoch)
+            epochs.append(engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch))
+        return {
+            # Plain numpy arrays and numbers only: tensors do not travel well between processes.
+            "parameters": [p.numpy().copy() for p in distributed.unwrap(model).parameters()],
+            "losses": np.array([stats["loss"] for stats in epochs]),
+            "samples": np.array([stats["samples"] for stats in epochs]),
+        }
+    finally:
+        distributed.cleanup()
+
+
+def rank_worker(batch_size: int, grad_accum: int, out_dir: str) -> None:
+    result = train(batch_size, grad_accum)
+    np.savez(
+        os.path.join(out_dir, f"rank{dist.get_rank()}.npz"),
+        *result["parameters"],
+        losses=result["losses"],
+        samples=result["samples"],
+    )
+
+
+def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
+    """Train in world_size processes started by paddle.distributed.spawn, joined by gloo; every rank's result."""
+    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
+    out_dir.mkdir()
+    dist.spawn(rank_worker, args=(batch_size, grad_accum, str(out_dir)), nprocs=world_size)
+    results = []
+    for rank in range(world_size):
+        with np.load(out_dir / f"rank{rank}.npz") as saved:
+            parameters = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
+            results.append({"parameters": parameters, "losses": saved["losses"], "samples": saved["samples"]})
+    return results
+
+
+def train_here(batch_size: int, grad_accum: int) -> dict:
+    """Train in this process, as `python run.py` does: no launcher variables, no process group."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in LAUNCHER_VARIABLES:
+            patch.delenv(name, raising=False)
+        return train(batch_size, grad_accum)
+
+
+@pytest.fixture(scope="module")
+def one_process_with_batch_2b() -> dict:
+    return train_here(2 * B, grad_accum=1)
+
+
+def assert_same_training(result: dict, reference: dict) -> None:
+    for got, expected in zip(result["parameters"], reference["parameters"], strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result["losses"], reference["losses"], rtol=1e-5, atol=1e-6)
+    assert list(result["samples"]) == [SAMPLES] * EPOCHS
+
+
+def test_reference_run_really_trains(one_process_with_batch_2b):
+    initial = build_model()
+    for trained, start in zip(one_process_with_batch_2b["parameters"], initial.parameters(), strict=True):
+        assert not np.allclose(trained, start.numpy(), atol=1e-3)
+    assert one_process_with_batch_2b["losses"][1] < one_process_with_batch_2b["losses"][0]
+
+
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
+    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B, grad_accum=1)
+
+    for result in ranks:
+        assert_same_training(result, one_process_with_batch_2b)
+
+
+def test_one_process_accumulating_two_batches_of_b_matches_one_batch_of_2b(one_process_with_batch_2b):
+    assert_same_training(train_here(B, grad_accum=2), one_process_with_batch_2b)
+
+
+def test_two_ranks_accumulating_without_sync_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
+    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B // 2, grad_accum=2)
+
+    for result in ranks:
+        assert_same_training(result, one_process_with_batch_2b)

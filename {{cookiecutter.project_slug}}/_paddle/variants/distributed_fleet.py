@@ -1,0 +1,144 @@
+"""Everything that makes one training script run as many processes, with fleetrun and paddle's fleet API.
+
+fleetrun (the same launcher as python -m paddle.distributed.launch) tells each
+process who it is in PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
+PADDLE_TRAINER_ENDPOINTS, ..., as platforms such as PaddleCloud or AI Studio
+do. With none set, this is rank 0 of 1 and nothing here does any
+communication: single process is just the default case.
+
+fleet.init() joins the process group with a DistributedStrategy that also says
+how fleet.distributed_model() wraps the model; so it runs in wrap_model(),
+where the model's needs (--find-unused-parameters) are known, not in setup().
+"""
+
+import contextlib
+import io
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+import paddle
+import paddle.distributed as dist
+from paddle.distributed import fleet
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str  # "cpu" or "gpu:N", as paddle.set_device() takes it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("gpu")
+
+
+def read_ranks() -> tuple[int, int, int]:
+    """(global rank, local rank, world size) as the launcher, or the platform, tells them."""
+    env = os.environ
+    rank = int(env.get("PADDLE_TRAINER_ID", 0))
+    # launch sets PADDLE_LOCAL_RANK, older launchers PADDLE_RANK_IN_NODE; spawn (one machine) neither.
+    local_rank = int(env.get("PADDLE_LOCAL_RANK", env.get("PADDLE_RANK_IN_NODE", rank)))
+    return rank, local_rank, int(env.get("PADDLE_TRAINERS_NUM", 1))
+
+
+def gpu_available() -> bool:
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
+    """Pick this rank's device and the process group's backend (NCCL on GPU, gloo on CPU)."""
+    rank, local_rank, world_size = read_ranks()
+    if device == "gpu" and not gpu_available():
+        raise UserError(
+            "--device gpu was asked for, but paddle sees no GPU (is paddlepaddle-gpu installed?): use --device cpu or auto"
+        )
+    # The launcher gives each process its GPU in FLAGS_selected_gpus; without this every rank would use GPU 0.
+    this_device = f"gpu:{dist.ParallelEnv().device_id}" if device != "cpu" and gpu_available() else "cpu"
+    paddle.set_device(this_device)
+    if world_size > 1:
+        if this_device == "cpu":
+            os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
+        os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
+    return DistEnv(rank, local_rank, world_size, this_device)
+
+
+@contextlib.contextmanager
+def without_flag_table():
+    """Drop the "Modified FLAGS detected" table paddle prints to stderr at every init_parallel_env().
+
+    It lists a flag paddle sets itself, on every start, and says nothing about this run.
+    """
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        table = ("=====", "FLAGS(")
+        sys.stderr.write("".join(line for line in captured.getvalue().splitlines(True) if not line.startswith(table)))
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    """Sum a few numbers over all ranks, in one collective."""
+    if env.world_size == 1:
+        return list(values)
+    totals = paddle.to_tensor(values, dtype="float64")
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order (small Python objects only)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered = []
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:
+    """Join the process group with fleet.init(), then fleet.distributed_model(): paddle.DataParallel here."""
+    if env.world_size == 1:
+        return model
+    quiet = "WARNING"  # not fleet's INFO lines about its strategy and the groups it makes
+    fleet.set_log_level(quiet)
+    strategy = fleet.DistributedStrategy()
+    strategy.find_unused_parameters = find_unused_parameters
+    with without_flag_table(), warnings.catch_warnings():
+        # Each rank makes every group, its own and the others' (of which it is told it is no member).
+        warnings.filterwarnings("ignore", "Current global rank")
+        fleet.init(is_collective=True, strategy=strategy, log_level=quiet)
+    return fleet.distributed_model(model)
+
+
+def wrap_optimizer(optimizer: paddle.optimizer.Optimizer) -> paddle.optimizer.Optimizer:
+    """fleet.distributed_optimizer(), after wrap_model(); the optimizer itself in a single process."""
+    return fleet.distributed_optimizer(optimizer) if dist.is_initialized() else optimizer
+
+
+def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:
+    """The user's model, without the DataParallel wrapper."""
+    return model._layers if isinstance(model, paddle.DataParallel) else model
+
+
+def launch(worker, args) -> None:
+    """fleetrun started this process: run `worker(args)` in it."""
+    worker(args)

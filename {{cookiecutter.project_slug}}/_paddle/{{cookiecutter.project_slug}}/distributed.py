@@ -1,0 +1,154 @@
+"""Everything that makes one training script run as many processes.
+
+Who this process is comes from the launcher's environment
+(python -m paddle.distributed.launch, paddle.distributed.spawn and platforms
+such as PaddleCloud or AI Studio set PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
+PADDLE_TRAINER_ENDPOINTS, ...). With none set, this is rank 0 of 1 and
+nothing here does any communication: single process is just the default case.
+"""
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+import paddle
+import paddle.distributed as dist
+
+from .errors import UserError
+from .settings import LAUNCHER
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str  # "cpu" or "gpu:N", as paddle.set_device() takes it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("gpu")
+
+
+def read_ranks() -> tuple[int, int, int]:
+    """(global rank, local rank, world size) as the launcher, or the platform, tells them."""
+    env = os.environ
+    rank = int(env.get("PADDLE_TRAINER_ID", 0))
+    # launch sets PADDLE_LOCAL_RANK, older launchers PADDLE_RANK_IN_NODE; spawn (one machine) neither.
+    local_rank = int(env.get("PADDLE_LOCAL_RANK", env.get("PADDLE_RANK_IN_NODE", rank)))
+    return rank, local_rank, int(env.get("PADDLE_TRAINERS_NUM", 1))
+
+
+def gpu_available() -> bool:
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
+    """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU)."""
+    rank, local_rank, world_size = read_ranks()
+    if device == "gpu" and not gpu_available():
+        raise UserError(
+            "--device gpu was asked for, but paddle sees no GPU (is paddlepaddle-gpu installed?): use --device cpu or auto"
+        )
+    # The launcher gives each process its GPU in FLAGS_selected_gpus; without this every rank would use GPU 0.
+    this_device = f"gpu:{dist.ParallelEnv().device_id}" if device != "cpu" and gpu_available() else "cpu"
+    paddle.set_device(this_device)
+    if world_size > 1:
+        if this_device == "cpu":
+            os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
+        os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
+        with without_flag_table():
+            dist.init_parallel_env()
+    return DistEnv(rank, local_rank, world_size, this_device)
+
+
+@contextlib.contextmanager
+def without_flag_table():
+    """Drop the "Modified FLAGS detected" table paddle prints to stderr at every init_parallel_env().
+
+    It lists a flag paddle sets itself, on every start, and says nothing about this run.
+    """
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        table = ("=====", "FLAGS(")
+        sys.stderr.write("".join(line for line in captured.getvalue().splitlines(True) if not line.startswith(table)))
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    """Sum a few numbers over all ranks, in one collective."""
+    if env.world_size == 1:
+        return list(values)
+    totals = paddle.to_tensor(values, dtype="float64")
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order (small Python objects only)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered = []
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:
+    if env.world_size == 1:
+        return model
+    return paddle.DataParallel(model, find_unused_parameters=find_unused_parameters)
+
+
+def wrap_optimizer(optimizer: paddle.optimizer.Optimizer) -> paddle.optimizer.Optimizer:
+    """The optimizer as the training loop uses it: DataParallel needs no wrapper (fleet's version has one)."""
+    return optimizer
+
+
+def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:
+    """The user's model, without the DataParallel wrapper."""
+    return model._layers if isinstance(model, paddle.DataParallel) else model
+
+
+def launch(worker, args) -> None:
+    """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
+    nproc = int(os.environ.get("NPROC_PER_NODE", paddle.device.cuda.device_count() or 1))
+    if LAUNCHER != "spawn" or nproc == 1 or "PADDLE_TRAINER_ID" in os.environ:
+        worker(args)
+        return
+    # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
+    logging.getLogger().setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Your model will be trained under CPUONLY")
+            dist.spawn(_spawned, args=(worker, args), nprocs=nproc)
+    except Exception as error:  # spawn raises a bare Exception naming the worker that failed
+        # A worker that exited with status 1 has printed its own error; anything else comes with its traceback.
+        if "exit code 1." not in str(error):
+            print(error, file=sys.stderr)
+        sys.exit(1)
+
+
+def _spawned(worker, args) -> None:
+    # When one worker fails, spawn stops the others with SIGTERM: no C++ crash report from paddle for that.
+    paddle.disable_signal_handler()
+    worker(args)
