@@ -46,10 +46,22 @@ def project_files(project: Path) -> set[str]:
     }
 
 
-ALL_VALID = valid_answers("pytorch") + valid_answers("paddle")
+def bake_case(answers: dict, index: int):
+    """Folder projects unpack 1,800 sample images: all but the first of them go to the slow tier."""
+    slow = answers["dataset"] == "folder" and index > 0
+    return pytest.param(answers, id=answers_id(answers), marks=[pytest.mark.slow] if slow else [])
 
 
-@pytest.mark.parametrize("answers", ALL_VALID, ids=[answers_id(a) for a in ALL_VALID])
+ALL_VALID = [
+    bake_case(answers, index)
+    for framework in ("pytorch", "paddle")
+    for index, answers in enumerate(a for a in valid_answers(framework) if a["dataset"] == "folder")
+] + [
+    bake_case(a, 0) for framework in ("pytorch", "paddle") for a in valid_answers(framework) if a["dataset"] != "folder"
+]
+
+
+@pytest.mark.parametrize("answers", ALL_VALID)
 def test_every_valid_answer_bakes_a_clean_project(bake, answers):
     project = bake(**answers)
 
