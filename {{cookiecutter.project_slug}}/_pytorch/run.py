@@ -35,12 +35,13 @@ def train(args) -> None:
         model = distributed.wrap_model(build_model(num_classes).to(env.device), env, args.find_unused_parameters)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+        scheduler = engine.cosine_schedule(optimizer, args.epochs)
         scaler = torch.amp.GradScaler(env.device.type, enabled=args.amp and env.device.type == "cuda")
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler)
         start_epoch, best_acc = checkpoints.resume(args.resume)
+        engine.reapply_schedule(scheduler)
         metrics_path = output_dir / "metrics.jsonl"
         if env.is_main:
             logs.drop_metrics_after(metrics_path, start_epoch)
@@ -51,6 +52,8 @@ def train(args) -> None:
             env.world_size, env.device.type, args.batch_size, env.world_size, args.grad_accum, global_batch,
             len(train_set), len(val_set),
         )  # fmt: skip
+        if start_epoch >= args.epochs:
+            log.info("nothing to train: the checkpoint is at epoch %d and --epochs is %d", start_epoch, args.epochs)
         for epoch in range(start_epoch + 1, args.epochs + 1):
             started = time.perf_counter()
             train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
@@ -80,6 +83,8 @@ def train(args) -> None:
                 epoch, args.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
             )  # fmt: skip
         log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())
+        # Leave together: a rank that tears down gloo while a peer is still talking to it can abort.
+        distributed.barrier()
     finally:
         distributed.cleanup()
 

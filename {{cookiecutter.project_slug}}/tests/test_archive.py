@@ -84,6 +84,18 @@ def test_second_start_needs_no_archive_once_extracted(tmp_path):
     assert files_under(target) == LAYOUT
 
 
+def test_a_folder_filled_from_another_archive_is_not_silently_used_for_this_one(tmp_path):
+    target = tmp_path / "data"
+    extract(write_zip(tmp_path / "data.zip", LAYOUT), target)
+    other = write_zip(tmp_path / "data.zip", {**LAYOUT, "train/bird/5.png": b"a new class"})
+
+    with pytest.raises(UserError, match="another archive") as error:
+        extract(other, target)
+
+    assert str(target) in str(error.value) and "\n" not in str(error.value)
+    assert files_under(target) == LAYOUT
+
+
 def test_interrupted_extraction_is_redone_cleanly(tmp_path):
     source = write_zip(tmp_path / "data.zip", LAYOUT)
     target = tmp_path / "data"

@@ -49,20 +49,20 @@ def count_files(names) -> int:
     return sum(1 for name in names if not name.endswith("/") and not Path(name).name.startswith("."))
 
 
-def expected_sizes(project_root: Path) -> tuple[int, int]:
+def expected_sizes() -> tuple[int, int]:
     """(training samples, validation samples) of the data this project trains on by default."""
     if settings.DATASET == "synthetic":
         from {{ cookiecutter.project_slug }} import data
 
         return data.SYNTHETIC_TRAIN, data.SYNTHETIC_VAL
     if settings.DATASET == "zip":
-        with zipfile.ZipFile(project_root / cli.SAMPLE_ARCHIVE) as zf:
+        with zipfile.ZipFile(cli.SAMPLE_ARCHIVE) as zf:
             names = zf.namelist()
         return (
             count_files(n for n in names if n.startswith("train/")),
             count_files(n for n in names if n.startswith("val/")),
         )
-    root = project_root / cli.SAMPLE_DATA_DIR
+    root = cli.SAMPLE_DATA_DIR
     return (
         count_files(p.name for p in (root / "train").rglob("*") if p.is_file()),
         count_files(p.name for p in (root / "val").rglob("*") if p.is_file()),
@@ -88,7 +88,7 @@ def training_args(output_dir: Path, epochs: int) -> list[str]:
     args = ["--epochs", str(epochs), "--output-dir", str(output_dir), "--device", "cpu"]
     if settings.DATASET == "zip":
         # Extract into the test's own folder, not the project's data/.
-        args += ["--data-dir", str(output_dir.parent / "data")]
+        args += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output_dir.parent / "data")]
     return args
 
 
@@ -105,7 +105,7 @@ def two_process_run(tmp_path_factory, project_root) -> Path:
 
 
 def test_two_processes_log_one_metrics_line_per_epoch_over_the_whole_dataset(two_process_run, project_root):
-    train_size, val_size = expected_sizes(project_root)
+    train_size, val_size = expected_sizes()
     batch_size = cli.parse_args([]).batch_size
 
     metrics = read_metrics(two_process_run)
@@ -148,7 +148,7 @@ def test_second_run_with_more_epochs_resumes_and_adds_only_the_new_epoch(two_pro
 
 def test_plain_python_run_trains_in_one_process(project_root, tmp_path):
     output_dir = tmp_path / "output"
-    train_size, val_size = expected_sizes(project_root)
+    train_size, val_size = expected_sizes()
 
     run([sys.executable, "run.py", *training_args(output_dir, epochs=1)], project_root, nproc=1)
 

@@ -36,7 +36,7 @@ def ensure_extracted(
 ) -> bool:
     """Extract `archive` into `target` unless that was done before; True if it extracted."""
     archive, target = Path(archive), Path(target)
-    if (target / DONE_MARKER).exists():
+    if already_extracted(archive, target):
         return False
     if not archive.is_file():
         raise UserError(
@@ -45,7 +45,7 @@ def ensure_extracted(
     target.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(target / LOCK, timeout=lock_timeout):
-            if (target / DONE_MARKER).exists():  # another process finished while we waited
+            if already_extracted(archive, target):  # another process finished while we waited
                 return False
             _extract_once(archive, target, max_bytes, show_progress)
             return True
@@ -54,6 +54,24 @@ def ensure_extracted(
             f"waited {lock_timeout:.0f} s for another process to extract {archive} into {target}: "
             f"if none is running, delete {target / LOCK} and start again"
         ) from None
+
+
+def archive_identity(archive: Path) -> str:
+    return f"{archive.name} {archive.stat().st_size}\n"
+
+
+def already_extracted(archive: Path, target: Path) -> bool:
+    """True if `target` holds this archive's contents; an error if it holds another archive's."""
+    marker = target / DONE_MARKER
+    if not marker.exists():
+        return False
+    recorded = marker.read_text(encoding="utf-8")
+    if archive.is_file() and recorded != archive_identity(archive):
+        raise UserError(
+            f"{target} holds data extracted from another archive ({recorded.split(' ')[0]}), not from {archive}: "
+            "delete that folder to extract again, or pass another --data-dir"
+        )
+    return True
 
 
 def _extract_once(archive: Path, target: Path, max_bytes: float, show_progress: bool) -> None:
@@ -85,7 +103,7 @@ def _extract_once(archive: Path, target: Path, max_bytes: float, show_progress: 
             for name in top_names:
                 _remove(target / name)  # left by an interrupted run, as checked above
                 (staging / name).rename(target / name)
-            (target / DONE_MARKER).write_text(f"{archive.name}\n", encoding="utf-8")
+            (target / DONE_MARKER).write_text(archive_identity(archive), encoding="utf-8")
         except OSError as error:
             shutil.rmtree(staging, ignore_errors=True)
             if error.errno == errno.ENOSPC:

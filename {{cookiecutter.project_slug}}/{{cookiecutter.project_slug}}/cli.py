@@ -1,17 +1,28 @@
 """Command-line flags of run.py; the same for every framework and launcher."""
 
 import argparse
+from pathlib import Path
 
 from .settings import DATASET
 
-SAMPLE_DATA_DIR = "data/digits"
-SAMPLE_ARCHIVE = "data/digits.zip"
+# Defaults are anchored to the project folder, so `python /path/to/run.py` works from anywhere.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / "digits"
+SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / "digits.zip"
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 
 
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
@@ -30,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr", type=float, default=0.05, help="learning rate for the global batch (not scaled for you)"
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
-    parser.add_argument("--output-dir", default="output", help="checkpoints, logs and metrics.jsonl go here")
+    parser.add_argument(
+        "--output-dir", default=str(PROJECT_ROOT / "output"), help="checkpoints, logs and metrics.jsonl go here"
+    )
     parser.add_argument(
         "--resume",
         default="auto",
@@ -43,19 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="random data of the right shapes instead of the dataset",
     )
     parser.add_argument(
-        "--data-dir", default=SAMPLE_DATA_DIR, help="the unpacked dataset: train/<class>/*, val/<class>/*"
+        "--data-dir",
+        help="the unpacked dataset, train/<class>/* and val/<class>/* (default: data/digits, "
+        "or a folder beside --dataset-zip named after it)",
     )
     parser.add_argument(
         "--dataset-zip",
-        default=SAMPLE_ARCHIVE if DATASET == "zip" else None,
-        help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training",
+        help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
+        + (" (default: data/digits.zip, unless --data-dir is given)" if DATASET == "zip" else ""),
     )
     parser.add_argument(
         "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"
     )
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
-    parser.add_argument("--workers", type=int, default=0, help="data-loading worker processes per rank")
+    parser.add_argument("--workers", type=non_negative_int, default=0, help="data-loading worker processes per rank")
     parser.add_argument("--log-every", type=positive_int, default=50, help="steps between loss log lines")
     parser.add_argument(
         "--dist-timeout",
@@ -81,4 +96,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    resolve_data_paths(args)
+    return args
+
+
+def resolve_data_paths(args: argparse.Namespace) -> None:
+    """Which archive to extract, and where.
+
+    An explicit --data-dir alone means "my data is already there": nothing is extracted.
+    An explicit --dataset-zip alone extracts into a folder beside it, named after it.
+    Neither: the bundled sample (data/digits.zip into data/digits) in a dataset=zip project.
+    """
+    if args.dataset_zip:
+        if args.data_dir is None:
+            args.data_dir = str(folder_for_archive(Path(args.dataset_zip)))
+    elif args.data_dir is None:
+        args.data_dir = str(SAMPLE_DATA_DIR)
+        if DATASET == "zip":
+            args.dataset_zip = str(SAMPLE_ARCHIVE)
+
+
+def folder_for_archive(archive: Path) -> Path:
+    name = archive.name
+    for suffix in ARCHIVE_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return archive.with_name(name[: -len(suffix)])
+    return archive.with_name(name + ".data")

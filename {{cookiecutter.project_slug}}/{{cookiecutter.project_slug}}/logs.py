@@ -37,6 +37,14 @@ def drop_metrics_after(path: Path, epoch: int) -> None:
     if not path.exists():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["epoch"] <= epoch]
+    kept = [line for line in lines if (recorded := epoch_of(line)) is not None and recorded <= epoch]
     if len(kept) != len(lines):
         path.write_text("".join(kept), encoding="utf-8")
+
+
+def epoch_of(line: str) -> int | None:
+    """The epoch a metrics line records; None for a line torn by a crash mid-write."""
+    try:
+        return json.loads(line)["epoch"]
+    except (ValueError, KeyError, TypeError):
+        return None

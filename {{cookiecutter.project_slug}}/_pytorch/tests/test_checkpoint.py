@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from {{ cookiecutter.project_slug }} import checkpoint
+from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -170,7 +170,8 @@ def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path
 
     message = str(error.value)
     assert "weight" in message and "size mismatch" in message
-    assert "--resume none" in message
+    # The advice keeps the earlier checkpoints: a new folder, not --resume none over them.
+    assert "new --output-dir" in message and "--resume none" not in message
     assert "\n" not in message
 
 
@@ -211,3 +212,47 @@ def test_crash_while_saving_keeps_the_previous_checkpoint_and_no_temporary_file(
     assert load(tmp_path / "last.pt")["epoch"] == 1
     assert load(tmp_path / "best.pt")["epoch"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
+    torch.save(nn.Linear(4, 3).state_dict(), tmp_path / "weights.pt")
+
+    with pytest.raises(UserError, match="not a checkpoint written by run.py"):
+        build_checkpointer(tmp_path).resume(str(tmp_path / "weights.pt"))
+
+
+def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
+    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False)
+    # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda epoch: [epoch, 0])
+
+    with pytest.raises(UserError, match="different epochs") as error:
+        build_checkpointer(tmp_path).resume("auto")
+
+    assert "shared filesystem" in str(error.value)
+
+
+def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
+    def learning_rates(total_epochs: int, run_epochs: range, resume: str) -> list[float]:
+        model = nn.Linear(4, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scheduler = engine.cosine_schedule(optimizer, total_epochs)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, scheduler, scaler)
+        checkpointer.resume(resume)
+        engine.reapply_schedule(scheduler)
+        rates = []
+        for epoch in run_epochs:
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+            checkpointer.save(epoch=epoch, best_acc=0.0, is_best=False)
+        return rates
+
+    fresh = learning_rates(4, range(1, 5), resume="none")
+    first_two = learning_rates(2, range(1, 3), resume="none")
+    last_two = learning_rates(4, range(3, 5), resume="auto")
+
+    assert first_two == pytest.approx([0.1, 0.05])  # the 2-epoch schedule it was started with
+    assert last_two == pytest.approx(fresh[2:])
+    assert min(last_two) > 0

@@ -25,6 +25,7 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 LAST, BEST = "last.pt", "best.pt"
+STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng")
 
 
 class Checkpointer:
@@ -57,7 +58,21 @@ class Checkpointer:
             atomic_copy(self.last_path, self.directory / BEST)
 
     def resume(self, how: str) -> tuple[int, float]:
-        """Load the checkpoint `how` names (auto, none or a path); return (epoch done, best accuracy)."""
+        """Load the checkpoint `how` names (auto, none or a path); return (epoch done, best accuracy).
+
+        Every rank loads it, and all must find the same epoch: a machine that cannot see
+        the checkpoint would otherwise start afresh and train a different model.
+        """
+        epoch, best_acc = self._load(how)
+        epochs = distributed.all_gather_object(epoch)
+        if len(set(epochs)) > 1:
+            raise UserError(
+                f"ranks found checkpoints of different epochs ({epochs}) in {self.directory}: give every machine "
+                "the same --output-dir on a shared filesystem, or copy the checkpoints to each"
+            )
+        return epoch, best_acc
+
+    def _load(self, how: str) -> tuple[int, float]:
         if how == "none":
             return 0, 0.0
         path = self.last_path if how == "auto" else Path(how)
@@ -71,7 +86,7 @@ class Checkpointer:
         except RuntimeError as error:
             detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
             raise UserError(
-                f"checkpoint {path} does not match the model ({detail}): pass --resume none or another --output-dir"
+                f"checkpoint {path} does not match the model ({detail}): use a new --output-dir for a new model"
             ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -89,11 +104,18 @@ class Checkpointer:
 def load_checkpoint(path: Path, device: torch.device) -> dict:
     try:
         # weights_only: a checkpoint can hold tensors and plain data, never code.
-        return torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location=device, weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise UserError(
-            f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): delete it, or pass --resume none"
+            f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): continue from another one "
+            f"with --resume {path.with_name(BEST)}, or start in a new --output-dir"
         ) from None
+    if not isinstance(state, dict) or not all(key in state for key in STATE_KEYS):
+        raise UserError(
+            f"{path} is not a checkpoint written by run.py (it needs {', '.join(STATE_KEYS)}): "
+            "pass --resume with a last.pt or best.pt, or start in a new --output-dir"
+        )
+    return state
 
 
 def atomic_save(state: dict, path: Path) -> None:

@@ -110,19 +110,25 @@ def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
     nproc = int(os.environ.get("NPROC_PER_NODE", torch.cuda.device_count() or 1))
     nnodes = int(os.environ.get("NNODES", 1))
-    if LAUNCHER != "spawn" or nproc * nnodes == 1 or "RANK" in os.environ:
+    if LAUNCHER != "spawn" or nproc * nnodes == 1 or launched_as_rank():
         worker(args)
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        if nnodes > 1:
-            raise UserError("MASTER_PORT must be set, the same on every node, when NNODES > 1")
-        os.environ["MASTER_PORT"] = str(free_port())
+    # One machine: any free port. Several: the port all machines were told (run.sh's default too).
+    os.environ.setdefault("MASTER_PORT", str(free_port()) if nnodes == 1 else "29500")
     try:
         mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=True)
     except mp.ProcessExitedException:
         # The failing worker has already printed its own error.
         sys.exit(1)
+
+
+def launched_as_rank() -> bool:
+    """True when a launcher (torchrun, torch.distributed.launch, srun) already started this process as one rank.
+
+    RANK alone does not tell: Kubernetes operators set it to the pod's (machine's) rank.
+    """
+    return "LOCAL_RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", 1)) > 1
 
 
 def _spawned(local_rank: int, worker, args, nproc: int, nnodes: int) -> None:

@@ -6,6 +6,7 @@ device and is read every --log-every steps only.
 
 import contextlib
 import logging
+import math
 import random
 import sys
 
@@ -116,3 +117,23 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def cosine_schedule(optimizer, epochs: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Cosine decay from --lr towards 0 over `epochs`, stepped once per epoch.
+
+    A closed form of the epoch: a run resumed with a larger --epochs follows the new horizon.
+    """
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
+
+
+def reapply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the learning rate the schedule gives at its current epoch.
+
+    After a resume the optimizer holds the rate of the saved run's schedule, which a
+    larger --epochs has changed.
+    """
+    for group, base_lr, factor in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)

@@ -1,0 +1,55 @@
+"""Flags: where the data comes from, and defaults that do not depend on the working folder."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.project_slug }} import cli, settings
+
+
+def test_an_explicit_data_dir_alone_means_the_data_is_already_there(tmp_path):
+    args = cli.parse_args(["--data-dir", str(tmp_path / "mine")])
+
+    assert args.data_dir == str(tmp_path / "mine")
+    assert args.dataset_zip is None
+
+
+def test_an_explicit_archive_alone_is_extracted_beside_itself(tmp_path):
+    for name, folder in (
+        ("cats.zip", "cats"),
+        ("cats.tar.gz", "cats"),
+        ("cats.tgz", "cats"),
+        ("cats.bin", "cats.bin.data"),
+    ):
+        args = cli.parse_args(["--dataset-zip", str(tmp_path / name)])
+        assert Path(args.data_dir) == tmp_path / folder
+
+
+def test_without_data_flags_the_project_uses_its_sample_data():
+    args = cli.parse_args([])
+
+    assert Path(args.data_dir) == cli.SAMPLE_DATA_DIR
+    assert args.dataset_zip == (str(cli.SAMPLE_ARCHIVE) if settings.DATASET == "zip" else None)
+    assert args.synthetic == (settings.DATASET == "synthetic")
+
+
+def test_default_paths_do_not_depend_on_the_working_folder(tmp_path, monkeypatch):
+    here = cli.parse_args([])
+    monkeypatch.chdir(tmp_path)
+    elsewhere = cli.parse_args([])
+
+    assert Path(elsewhere.output_dir).is_absolute()
+    assert (elsewhere.output_dir, elsewhere.data_dir) == (here.output_dir, here.data_dir)
+    assert Path(elsewhere.data_dir).parent.parent == Path(os.path.dirname(cli.__file__)).parent
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--workers", "-1"), ("--epochs", "0"), ("--batch-size", "0"), ("--grad-accum", "0")]
+)
+def test_impossible_numbers_are_refused_before_anything_starts(flag, value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args([flag, value])
+
+    assert stop.value.code == 2
+    assert flag in capsys.readouterr().err
