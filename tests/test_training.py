@@ -170,3 +170,16 @@ def test_a_baked_projects_own_test_suite_passes(bake, framework):
 
     assert result.returncode == 0, result.stdout[-5000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_path):
+    project = bake(install_requirements="yes", dataset="synthetic")
+    with open(project / "requirements.txt", "a", encoding="utf-8") as requirements:
+        requirements.write("this-package-does-not-exist-dist-template==0.0.0\n")
+
+    result = run(["bash", "run.sh", "--output-dir", str(tmp_path / "out")], project, NPROC_PER_NODE="2")
+
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "pip install -r requirements.txt failed" in errors[0]
+    assert not (tmp_path / "out").exists()
