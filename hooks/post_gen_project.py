@@ -53,10 +53,7 @@ def main(answers: dict) -> None:
     remove_framework_dirs()
     if answers["framework"] == "paddle":
         package = answers["project_slug"]
-        # fleet wraps the model and optimizer of the own loop; paddle.Model wraps its network itself.
-        if answers["paddle_api"] == "basic" and answers["launcher"] == "fleetrun":
-            use_paddle_variant("distributed_fleet.py", f"{package}/distributed.py")
-        elif answers["paddle_api"] == "highlevel":
+        if answers["paddle_api"] == "highlevel":
             use_paddle_variant("run_highlevel.py", "run.py")
             use_paddle_variant("engine_highlevel.py", f"{package}/engine.py")
             use_paddle_variant("test_parity_highlevel.py", "tests/test_parity.py")

@@ -13,7 +13,7 @@ FRAMEWORK_PACKAGE = {"distributed", "checkpoint", "data", "model", "engine"}
 SHARED_TESTS = {"conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_run.py"}
 FRAMEWORK_TESTS = {
     "pytorch": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
-    "paddle": {"test_sampler.py", "test_checkpoint.py", "test_parity.py"},
+    "paddle": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
 }
 ROOT_FILES = {
     "README.md",

@@ -42,7 +42,7 @@ def train(args) -> None:
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         model = distributed.wrap_model(build_model(num_classes), env, args.find_unused_parameters)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(args.lr, T_max=args.epochs)
+        scheduler = engine.cosine_schedule(args.lr, args.epochs)
         optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=model.parameters())
         optimizer = distributed.wrap_optimizer(optimizer)
         scaler = paddle.amp.GradScaler(enable=args.amp and env.on_gpu)
@@ -50,6 +50,7 @@ def train(args) -> None:
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scaler)
         start_epoch, best_acc = checkpoints.resume(args.resume)
+        engine.reapply_schedule(scheduler)
         metrics_path = output_dir / "metrics.jsonl"
         if env.is_main:
             logs.drop_metrics_after(metrics_path, start_epoch)
@@ -60,11 +61,14 @@ def train(args) -> None:
             env.world_size, env.device, args.batch_size, env.world_size, args.grad_accum, global_batch,
             len(train_set), len(val_set),
         )  # fmt: skip
+        if start_epoch >= args.epochs:
+            log.info("nothing to train: the checkpoint is at epoch %d and --epochs is %d", start_epoch, args.epochs)
         for epoch in range(start_epoch + 1, args.epochs + 1):
             started = time.perf_counter()
             train_loader.batch_sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
             train_stats = engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch)
             val_stats = engine.evaluate(model, val_loader, env, scaler.is_enable())
+            lr = optimizer.get_lr()  # the rate this epoch trained with
             scheduler.step()
             is_best = val_stats["acc"] > best_acc
             best_acc = max(best_acc, val_stats["acc"])
@@ -78,7 +82,7 @@ def train(args) -> None:
                 "train_samples": train_stats["samples"],
                 "val_samples": val_stats["samples"],
                 "epoch_time_s": round(time.perf_counter() - started, 3),
-                "lr": optimizer.get_lr(),
+                "lr": lr,
             }
             if env.is_main:
                 logs.append_metrics(metrics_path, record)
@@ -88,6 +92,8 @@ def train(args) -> None:
                 epoch, args.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
             )  # fmt: skip
         log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())
+        # Leave together: a rank that tears down the group while a peer is still talking to it can abort.
+        distributed.barrier()
     finally:
         distributed.cleanup()
 

@@ -10,7 +10,7 @@ import paddle.nn.functional as F
 import pytest
 from paddle import nn
 
-from {{ cookiecutter.project_slug }} import checkpoint
+from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -142,8 +142,9 @@ def test_weights_without_their_training_state_are_refused(tmp_path):
     build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
     (tmp_path / "last.pdopt").unlink()
 
-    with pytest.raises(UserError, match="last.pdopt"):
+    with pytest.raises(UserError, match="last.pdopt") as error:
         build_checkpointer(tmp_path).resume("auto")
+    assert "not a checkpoint written by run.py" in str(error.value)
 
 
 def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
@@ -179,7 +180,8 @@ def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path
 
     message = str(error.value)
     assert "weight" in message and "size mismatch" in message
-    assert "--resume none" in message
+    # The advice keeps the earlier checkpoints: a new folder, not --resume none over them.
+    assert "new --output-dir" in message and "--resume none" not in message
     assert "\n" not in message
 
 
@@ -195,6 +197,8 @@ def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, na
     with pytest.raises(UserError, match="corrupt") as error:
         build_checkpointer(tmp_path).resume("auto")
     assert str(path) in str(error.value)
+    # The advice keeps the earlier checkpoints: best.* or a new folder, not --resume none over them.
+    assert str(tmp_path / "best.pdparams") in str(error.value) and "--resume none" not in str(error.value)
 
 
 def test_saving_leaves_no_temporary_file(tmp_path):
@@ -255,3 +259,63 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
 
     assert_same_weights(weights_of(resumer.model), weights_at_2)
     assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
+
+
+def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
+    paddle.save(nn.Linear(4, 3).state_dict(), str(tmp_path / "weights.pdparams"))
+
+    with pytest.raises(UserError, match="not a checkpoint written by run.py"):
+        build_checkpointer(tmp_path).resume(str(tmp_path / "weights.pdparams"))
+
+
+def test_training_state_without_the_keys_run_py_writes_is_not_taken_for_a_checkpoint(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+    paddle.save(saver.model.state_dict(), str(tmp_path / "mine.pdparams"))
+    paddle.save(saver.optimizer.state_dict(), str(tmp_path / "mine.pdopt"))  # the optimizer's alone
+
+    with pytest.raises(UserError, match="not a checkpoint written by run.py") as error:
+        build_checkpointer(tmp_path).resume(str(tmp_path / "mine.pdparams"))
+    assert "epoch" in str(error.value)
+
+
+def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
+    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False)
+    # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda epoch: [epoch, 0])
+
+    with pytest.raises(UserError, match="different epochs") as error:
+        build_checkpointer(tmp_path).resume("auto")
+
+    assert "shared filesystem" in str(error.value)
+
+
+def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
+    def learning_rates(total_epochs: int, run_epochs: range, resume: str) -> list[float]:
+        """The rate each epoch's optimizer step really applies, as run.py builds, resumes and steps the schedule."""
+        model = nn.Linear(4, 3)
+        scheduler = engine.cosine_schedule(0.1, total_epochs)
+        optimizer = paddle.optimizer.SGD(scheduler, parameters=model.parameters())  # a step moves by -lr x grad
+        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, paddle.amp.GradScaler(enable=False))
+        checkpointer.resume(resume)
+        engine.reapply_schedule(scheduler)
+        rates = []
+        for epoch in run_epochs:
+            before = model.bias.numpy().copy()
+            model.bias.sum().backward()  # a gradient of 1
+            optimizer.step()
+            optimizer.clear_grad()
+            applied = float(before[0] - model.bias.numpy()[0])
+            assert applied == pytest.approx(optimizer.get_lr(), rel=1e-4)  # what run.py records is what trained
+            rates.append(applied)
+            scheduler.step()
+            checkpointer.save(epoch=epoch, best_acc=0.0, is_best=False)
+        return rates
+
+    fresh = learning_rates(4, range(1, 5), resume="none")
+    first_two = learning_rates(2, range(1, 3), resume="none")
+    last_two = learning_rates(4, range(3, 5), resume="auto")
+
+    assert first_two == pytest.approx([0.1, 0.05], rel=1e-4)  # the 2-epoch schedule it was started with
+    assert last_two == pytest.approx(fresh[2:], rel=1e-4)
+    assert min(last_two) > 0

@@ -9,6 +9,7 @@ every validation sample exactly once, over all ranks.
 """
 
 import logging
+import math
 import random
 import time
 
@@ -66,8 +67,9 @@ class EpochEnd(paddle.callbacks.Callback):
     """A fit() callback: per-epoch shuffle and loss lines, then end_epoch(epoch, train_stats, started) on every rank.
 
     train_stats holds the mean loss and the distinct samples seen by all ranks, as
-    the basic loop's train_one_epoch() returns them. fit() counts its epochs from 0;
-    the epochs here continue a resumed run: first_epoch + 1, first_epoch + 2, ...
+    the basic loop's train_one_epoch() returns them, and the learning rate the epoch
+    trained with (fit's LRScheduler callback has stepped it by then). fit() counts
+    its epochs from 0; the epochs here continue a resumed run: first_epoch + 1, ...
     """
 
     def __init__(self, loader: DataLoader, env: DistEnv, args, first_epoch: int, end_epoch):
@@ -80,6 +82,7 @@ class EpochEnd(paddle.callbacks.Callback):
         self.started = time.perf_counter()
         self.loader.batch_sampler.set_epoch(self.epoch)  # a new shuffle every epoch, the same on every rank
         self.loss_sum, self.seen = 0.0, 0
+        self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
 
     def on_train_batch_end(self, step: int, logs=None) -> None:
         batch = logs["batch_size"] // self.env.world_size  # fit reports the batch of all ranks together
@@ -93,7 +96,7 @@ class EpochEnd(paddle.callbacks.Callback):
         total_loss, total_seen = distributed.all_reduce_sum([self.loss_sum, self.seen], self.env)
         # DistributedBatchSampler repeats a few samples so every rank gets as many; they are not distinct.
         padding = self.loader.batch_sampler.total_size - len(self.loader.dataset)
-        train_stats = {"loss": total_loss / total_seen, "samples": int(total_seen) - padding}
+        train_stats = {"loss": total_loss / total_seen, "samples": int(total_seen) - padding, "lr": self.lr}
         self.end_epoch(self.epoch, train_stats, self.started)
 
 
@@ -118,3 +121,21 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     paddle.seed(seed)
+
+
+def cosine_schedule(lr: float, epochs: int) -> paddle.optimizer.lr.LambdaDecay:
+    """Cosine decay from `lr` towards 0 over `epochs`, stepped once per epoch.
+
+    A closed form of the epoch: a run resumed with a larger --epochs follows the new horizon
+    (CosineAnnealingDecay derives each rate from the previous one, so it would keep the old one).
+    """
+    return paddle.optimizer.lr.LambdaDecay(lr, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
+
+
+def reapply_schedule(scheduler: paddle.optimizer.lr.LRScheduler) -> None:
+    """Set the learning rate the schedule gives at its current epoch.
+
+    After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
+    --epochs has changed; the optimizer takes last_lr at every step.
+    """
+    scheduler.last_lr = scheduler.get_lr()

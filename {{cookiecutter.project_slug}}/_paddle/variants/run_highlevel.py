@@ -43,11 +43,12 @@ def train(args) -> None:
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         network = build_model(num_classes)
-        # On several ranks paddle.Model wraps the network in DataParallel itself, calling init_parallel_env() again.
+        # On several ranks paddle.Model wraps the network in DataParallel itself, calling init_parallel_env()
+        # (again; under fleetrun the first time: distributed.setup() leaves joining to fleet.init(), unused here).
         with distributed.without_flag_table():
             model = paddle.Model(network)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(args.lr, T_max=args.epochs)
+        scheduler = engine.cosine_schedule(args.lr, args.epochs)
         optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=network.parameters())
         use_amp = args.amp and env.on_gpu
         model.prepare(optimizer, engine.accumulated_loss(args.grad_accum), amp_configs="O1" if use_amp else None)
@@ -55,6 +56,7 @@ def train(args) -> None:
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer)
         start_epoch, best_acc = checkpoints.resume(args.resume)
+        engine.reapply_schedule(scheduler)
         metrics_path = output_dir / "metrics.jsonl"
         if env.is_main:
             logs.drop_metrics_after(metrics_path, start_epoch)
@@ -82,7 +84,7 @@ def train(args) -> None:
                 "train_samples": train_stats["samples"],
                 "val_samples": val_stats["samples"],
                 "epoch_time_s": round(time.perf_counter() - started, 3),
-                "lr": optimizer.get_lr(),
+                "lr": train_stats["lr"],  # the rate this epoch trained with
             }
             if env.is_main:
                 logs.append_metrics(metrics_path, record)
@@ -92,7 +94,9 @@ def train(args) -> None:
                 epoch, args.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
             )  # fmt: skip
 
-        if start_epoch < args.epochs:
+        if start_epoch >= args.epochs:
+            log.info("nothing to train: the checkpoint is at epoch %d and --epochs is %d", start_epoch, args.epochs)
+        else:
             model.fit(
                 train_loader,
                 epochs=args.epochs - start_epoch,
@@ -105,6 +109,8 @@ def train(args) -> None:
                 ],
             )
         log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())
+        # Leave together: a rank that tears down the group while a peer is still talking to it can abort.
+        distributed.barrier()
     finally:
         distributed.cleanup()
 

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 LAST, BEST = "last", "best"
 WEIGHTS, STATE = ".pdparams", ".pdopt"
 SAVING, SAVED = ".saving", ".saved"
+STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng")
 
 
 class Checkpointer:
@@ -77,10 +78,24 @@ class Checkpointer:
         move_saved_into_place(self.directory)
 
     def resume(self, how: str) -> tuple[int, float]:
-        """Load the checkpoint `how` names (auto, none or a path); return (epoch done, best accuracy)."""
+        """Load the checkpoint `how` names (auto, none or a path); return (epoch done, best accuracy).
+
+        Every rank loads it, and all must find the same epoch: a machine that cannot see
+        the checkpoint would otherwise start afresh and train a different model.
+        """
         if self.env.is_main:
             finish_interrupted_save(self.directory)
         distributed.barrier()
+        epoch, best_acc = self._load(how)
+        epochs = distributed.all_gather_object(epoch)
+        if len(set(epochs)) > 1:
+            raise UserError(
+                f"ranks found checkpoints of different epochs ({epochs}) in {self.directory}: give every machine "
+                "the same --output-dir on a shared filesystem, or copy the checkpoints to each"
+            )
+        return epoch, best_acc
+
+    def _load(self, how: str) -> tuple[int, float]:
         if how == "none":
             return 0, 0.0
         path = self.last_path if how == "auto" else Path(how)
@@ -93,15 +108,21 @@ class Checkpointer:
             )
         if not state_path.exists():
             raise UserError(
-                f"checkpoint {weights_path} has no {state_path.name} beside it, so training cannot continue from it: "
-                "pass --resume none (set_state_dict() the weights yourself to start from them)"
+                f"{weights_path} is not a checkpoint written by run.py (it has no {state_path.name} beside it): "
+                f"pass --resume with a {LAST}{WEIGHTS} or {BEST}{WEIGHTS}, or start in a new --output-dir "
+                "(to start from these weights, set_state_dict() them in build_model())"
             )
         weights, state = load_file(weights_path), load_file(state_path)
+        if not isinstance(weights, dict) or not isinstance(state, dict) or not all(key in state for key in STATE_KEYS):
+            raise UserError(
+                f"{weights_path} is not a checkpoint written by run.py ({state_path.name} needs {', '.join(STATE_KEYS)}): "
+                f"pass --resume with a {LAST}{WEIGHTS} or {BEST}{WEIGHTS}, or start in a new --output-dir"
+            )
         model = distributed.unwrap(self.model)
         problem = mismatch(model.state_dict(), weights)
         if problem:
             raise UserError(
-                f"checkpoint {weights_path} does not match the model ({problem}): pass --resume none or another --output-dir"
+                f"checkpoint {weights_path} does not match the model ({problem}): use a new --output-dir for a new model"
             )
         model.set_state_dict(weights)
         self.optimizer.set_state_dict(state["optimizer"])
@@ -147,7 +168,8 @@ def load_file(path: Path):
         return paddle.load(str(path))
     except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
         raise UserError(
-            f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): delete it, or pass --resume none"
+            f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): continue from another one "
+            f"with --resume {path.with_name(BEST + WEIGHTS)}, or start in a new --output-dir"
         ) from None
 
 

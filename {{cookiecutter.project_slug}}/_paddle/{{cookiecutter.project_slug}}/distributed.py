@@ -1,10 +1,15 @@
 """Everything that makes one training script run as many processes.
 
 Who this process is comes from the launcher's environment
-(python -m paddle.distributed.launch, paddle.distributed.spawn and platforms
+(python -m paddle.distributed.launch, fleetrun, paddle.distributed.spawn and platforms
 such as PaddleCloud or AI Studio set PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
 PADDLE_TRAINER_ENDPOINTS, ...). With none set, this is rank 0 of 1 and
 nothing here does any communication: single process is just the default case.
+
+With the fleetrun launcher the own loop uses paddle's fleet API: fleet.init()
+joins the process group with a DistributedStrategy that also says how
+fleet.distributed_model() wraps the model, so it runs in wrap_model(), where
+the model's needs (--find-unused-parameters) are known, not in setup().
 """
 
 import contextlib
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import paddle
 import paddle.distributed as dist
+from paddle.distributed import fleet
 
 from .errors import UserError
 from .settings import LAUNCHER
@@ -52,7 +58,7 @@ def gpu_available() -> bool:
 
 
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
-    """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU)."""
+    """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU); fleetrun: set its backend."""
     rank, local_rank, world_size = read_ranks()
     if device == "gpu" and not gpu_available():
         raise UserError(
@@ -65,8 +71,10 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         if this_device == "cpu":
             os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
         os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
-        with without_flag_table():
-            dist.init_parallel_env()
+        # fleetrun: fleet.init() joins in wrap_model() (paddle.Model under highlevel); joining here first makes it warn.
+        if LAUNCHER != "fleetrun":
+            with without_flag_table():
+                dist.init_parallel_env()
     return DistEnv(rank, local_rank, world_size, this_device)
 
 
@@ -114,14 +122,27 @@ def all_gather_object(obj) -> list:
 
 
 def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:
+    """paddle.DataParallel on several ranks; under fleetrun fleet.init() joins, fleet.distributed_model() wraps."""
     if env.world_size == 1:
         return model
-    return paddle.DataParallel(model, find_unused_parameters=find_unused_parameters)
+    if LAUNCHER != "fleetrun":
+        return paddle.DataParallel(model, find_unused_parameters=find_unused_parameters)
+    # fleet.init() takes the strategy fleet.distributed_model() wraps by: a paddle.DataParallel for data parallel.
+    quiet = "WARNING"  # not fleet's INFO lines about its strategy and the groups it makes
+    fleet.set_log_level(quiet)
+    strategy = fleet.DistributedStrategy()
+    strategy.find_unused_parameters = find_unused_parameters
+    with without_flag_table(), warnings.catch_warnings():
+        # Each rank makes every group, its own and the others' (of which it is told it is no member).
+        warnings.filterwarnings("ignore", "Current global rank")
+        fleet.init(is_collective=True, strategy=strategy, log_level=quiet)
+    return fleet.distributed_model(model)
 
 
 def wrap_optimizer(optimizer: paddle.optimizer.Optimizer) -> paddle.optimizer.Optimizer:
-    """The optimizer as the training loop uses it: DataParallel needs no wrapper (fleet's version has one)."""
-    return optimizer
+    """The optimizer as the training loop uses it: itself with DataParallel, fleet's wrapper after fleet.init()."""
+    # fleet.distributed_optimizer() needs the fleet.init() of wrap_model(), which a single process skips.
+    return fleet.distributed_optimizer(optimizer) if LAUNCHER == "fleetrun" and dist.is_initialized() else optimizer
 
 
 def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:

@@ -6,6 +6,7 @@ device and is read every --log-every steps only.
 
 import contextlib
 import logging
+import math
 import random
 import sys
 
@@ -108,3 +109,21 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     paddle.seed(seed)
+
+
+def cosine_schedule(lr: float, epochs: int) -> paddle.optimizer.lr.LambdaDecay:
+    """Cosine decay from `lr` towards 0 over `epochs`, stepped once per epoch.
+
+    A closed form of the epoch: a run resumed with a larger --epochs follows the new horizon
+    (CosineAnnealingDecay derives each rate from the previous one, so it would keep the old one).
+    """
+    return paddle.optimizer.lr.LambdaDecay(lr, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
+
+
+def reapply_schedule(scheduler: paddle.optimizer.lr.LRScheduler) -> None:
+    """Set the learning rate the schedule gives at its current epoch.
+
+    After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
+    --epochs has changed; the optimizer takes last_lr at every step.
+    """
+    scheduler.last_lr = scheduler.get_lr()
