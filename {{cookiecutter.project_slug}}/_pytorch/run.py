@@ -18,7 +18,7 @@ from {{ cookiecutter.project_slug }}.model import build_model
 
 
 def train(args) -> None:
-    env = distributed.setup(args.device, args.dist_timeout)
+    env = distributed.setup(args.device, args.dist_timeout, args.local_rank)
     try:
         log = logs.setup_logging(args.output_dir, env.rank)
         if args.dataset_zip and not args.synthetic:

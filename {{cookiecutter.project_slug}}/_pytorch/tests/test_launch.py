@@ -44,3 +44,12 @@ def test_ranks_come_from_the_launcher_or_slurm_and_default_to_one_process(clean_
         clean_env.setenv(name, value)
 
     assert distributed.read_ranks() == ranks
+
+
+def test_local_rank_comes_from_the_environment_first_and_the_old_launch_flag_second(clean_env):
+    clean_env.setenv("RANK", "3")
+    clean_env.setenv("WORLD_SIZE", "4")
+    assert distributed.read_ranks(local_rank_flag=1) == (3, 1, 4)
+
+    clean_env.setenv("LOCAL_RANK", "2")
+    assert distributed.read_ranks(local_rank_flag=1) == (3, 2, 4)

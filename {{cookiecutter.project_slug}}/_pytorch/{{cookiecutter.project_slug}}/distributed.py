@@ -33,19 +33,22 @@ class DistEnv:
         return self.rank == 0
 
 
-def read_ranks() -> tuple[int, int, int]:
-    """(global rank, local rank, world size) as the launcher, or SLURM, tells them."""
+def read_ranks(local_rank_flag: int | None = None) -> tuple[int, int, int]:
+    """(global rank, local rank, world size) as the launcher, or SLURM, tells them.
+
+    LOCAL_RANK wins over the --local-rank flag, which only old torch.distributed.launch versions pass alone.
+    """
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"])
+        return int(env["RANK"]), int(env.get("LOCAL_RANK", local_rank_flag or 0)), int(env["WORLD_SIZE"])
     if int(env.get("SLURM_NTASKS", 1)) > 1:
         return int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]), int(env["SLURM_NTASKS"])
     return 0, 0, 1
 
 
-def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
+def setup(device: str = "auto", timeout_s: float = 1800.0, local_rank_flag: int | None = None) -> DistEnv:
     """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
-    rank, local_rank, world_size = read_ranks()
+    rank, local_rank, world_size = read_ranks(local_rank_flag)
     if device == "gpu" and not torch.cuda.is_available():
         raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
     use_gpu = device != "cpu" and torch.cuda.is_available()
