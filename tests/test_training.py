@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run, tool_env
+from conftest import TEMPLATE, run, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -183,3 +183,55 @@ def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_p
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "pip install -r requirements.txt failed" in errors[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "launch"])
+def test_a_machine_that_never_joins_ends_the_job_after_join_timeout(bake, launcher):
+    project = bake(nodes="multi", launcher=launcher, dataset="synthetic")
+    env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_PORT": str(free_port()), "JOIN_TIMEOUT": "10"}
+
+    result = run(["bash", "run.sh", "--epochs", "1"], project, timeout=60, NPROC_PER_NODE="1", **env)
+
+    assert result.returncode != 0
+    assert "1/2 clients joined" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"framework": "pytorch", "launcher": "torchrun"},
+        {"framework": "pytorch", "launcher": "spawn"},
+        {"framework": "paddle", "launcher": "launch"},
+    ],
+    ids=lambda a: "-".join(a.values()),
+)
+def test_a_busy_master_port_on_machine_zero_stops_with_one_line(bake, answers):
+    project = bake(nodes="multi", dataset="synthetic", **answers)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+
+        result = run(["bash", "run.sh"], project, timeout=60, NNODES="2", NODE_RANK="0", MASTER_PORT=port)
+
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        == f"error: MASTER_PORT {port} on 127.0.0.1 is in use: pick a free one, the same on every machine"
+    )
+
+
+def test_a_project_baked_under_a_path_with_spaces_trains(tmp_path):
+    output = tmp_path / "my projects" / "run 1"
+    output.mkdir(parents=True)
+    bake = subprocess.run(
+        ["cookiecutter", "--no-input", str(TEMPLATE), "-o", str(output), "project_name=数字 识别 \"v2\""],
+        capture_output=True, text=True, env=tool_env(),
+    )  # fmt: skip
+    assert bake.returncode == 0, bake.stderr
+    project = output / "shu_zi_shi_bie_v2"
+
+    train(project, "--epochs", "1", "--output-dir", str(output / "out dir"))
+
+    [record] = read_metrics(output / "out dir")
+    assert record["world_size"] == 2 and record["train_samples"] == TRAIN_SIZE

@@ -7,6 +7,9 @@
 #   NODE_RANK       this machine's index, 0 .. NNODES-1 (default 0)
 #   MASTER_ADDR     address of machine 0, reachable from all (default 127.0.0.1)
 #   MASTER_PORT     a free port on machine 0, the same everywhere (default 29500)
+{%- if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
+#   JOIN_TIMEOUT    seconds the machines wait for each other at start before giving up (default 900)
+{%- endif %}
 {%- else %}
 #   MASTER_PORT     (default: a free port is picked)
 {%- endif %}
@@ -30,6 +33,14 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
+{%- if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
+JOIN_TIMEOUT=${JOIN_TIMEOUT:-900}
+{%- endif %}
+# Machine 0 hosts the rendezvous on MASTER_PORT: a busy port would fail late, or make it wait forever.
+if ((NNODES > 1 && NODE_RANK == 0)) && (: <"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; then
+  echo "error: MASTER_PORT $MASTER_PORT on $MASTER_ADDR is in use: pick a free one, the same on every machine" >&2
+  exit 1
+fi
 {%- else %}
 if ((NNODES != 1)); then
   echo "error: this project was baked for one machine (nodes=single); bake it again with nodes=multi to use NNODES=$NNODES" >&2
@@ -52,7 +63,7 @@ fi
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
   exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" \
-    --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" run.py "$@"
+    --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
 fi
 {%- endif %}
 exec torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
@@ -61,7 +72,8 @@ exec torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
   exec python -W ignore::FutureWarning -m torch.distributed.launch --nnodes="$NNODES" --node-rank="$NODE_RANK" \
-    --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" run.py "$@"
+    --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \
+    --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
 fi
 {%- endif %}
 exec python -W ignore::FutureWarning -m torch.distributed.launch --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@"
@@ -69,7 +81,9 @@ exec python -W ignore::FutureWarning -m torch.distributed.launch --standalone --
 # run.py spawns NPROC_PER_NODE processes itself.
 export NPROC_PER_NODE NNODES
 {%- if cookiecutter.nodes == "multi" %}
-export NODE_RANK MASTER_ADDR MASTER_PORT
+if ((NNODES > 1)); then
+  export NODE_RANK MASTER_ADDR MASTER_PORT
+fi
 {%- endif %}
 exec python run.py "$@"
 {%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
@@ -104,12 +118,7 @@ log_dir="$(output_dir_of "$@")/launch-logs"
 launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  # Machine 0 hosts the master; launch would take a busy port for a running master's and wait forever.
-  # (Simulating machines on one, start machine 0 first or together: there any of them may host it.)
-  if ((NODE_RANK == 0)) && (: <"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; then
-    echo "error: MASTER_PORT $MASTER_PORT on $MASTER_ADDR is in use: pick a free one, the same on every machine" >&2
-    exit 1
-  fi
+  # (Simulating machines on one, start machine 0 first or together: there any of them may host the master.)
   log_dir+="/node$NODE_RANK"
   launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES" --rank "$NODE_RANK")
 fi
