@@ -1,9 +1,11 @@
 """Slow tier: bake projects and train them for real, 2 processes on CPU, for every launcher."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -235,3 +237,44 @@ def test_a_project_baked_under_a_path_with_spaces_trains(tmp_path):
 
     [record] = read_metrics(output / "out dir")
     assert record["world_size"] == 2 and record["train_samples"] == TRAIN_SIZE
+
+
+FAILING_RANK_ONE = """
+
+_build_model = build_model
+
+
+def build_model(num_classes):  # noqa: F811 - a test makes rank 1 fail on purpose
+    import os
+
+    if os.environ.get("RANK", os.environ.get("PADDLE_TRAINER_ID")) == "1":
+        raise RuntimeError("rank 1 failed on purpose")
+    return _build_model(num_classes)
+"""
+
+
+@pytest.mark.parametrize("answers", LAUNCH_CASES[:3] + LAUNCH_CASES[3::2], ids=lambda a: "-".join(a.values()))
+def test_a_rank_that_raises_ends_the_job_quickly_and_shows_its_error(bake, tmp_path, answers):
+    project = bake(dataset="synthetic", **answers)
+    with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
+        model.write(FAILING_RANK_ONE)
+    started = time.monotonic()
+
+    result = run(["bash", "run.sh", "--output-dir", str(tmp_path / "out")], project, timeout=120, NPROC_PER_NODE="2")
+
+    assert result.returncode != 0
+    assert time.monotonic() - started < 30
+    assert "RuntimeError: rank 1 failed on purpose" in result.stdout + result.stderr
+    assert processes_working_in(project) == []
+
+
+def processes_working_in(folder: Path) -> list[int]:
+    """Pids of live processes whose working directory is `folder` (run.sh and every worker it starts)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == folder.resolve():
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
