@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -278,3 +279,44 @@ def processes_working_in(folder: Path) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return pids
+
+
+def start_job(project: Path, *args: str) -> subprocess.Popen:
+    env = tool_env(NPROC_PER_NODE="2", MASTER_PORT=str(free_port()))
+    return subprocess.Popen(
+        ["bash", "run.sh", *args], cwd=project, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def kill_job_after(job: subprocess.Popen, metrics: Path, lines: int, extra_s: float) -> None:
+    """SIGKILL the whole job (launcher and workers) once `lines` epochs are logged, plus `extra_s` seconds."""
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= lines):
+        assert job.poll() is None and time.monotonic() < deadline, "the job ended before the kill point"
+        time.sleep(0.05)
+    time.sleep(extra_s)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "paddle"])
+def test_a_job_killed_at_any_moment_resumes_to_the_same_results(bake, tmp_path, framework):
+    project = bake(framework=framework)
+    args = ["--epochs", "3", "--batch-size", "16"]
+    train(project, *args, "--output-dir", str(tmp_path / "reference"))
+    reference = read_metrics(tmp_path / "reference")
+    assert [m["epoch"] for m in reference] == [1, 2, 3]
+
+    for kill_point, (lines, extra_s) in enumerate([(0, 2.0), (1, 0.0), (1, 0.6), (2, 0.2)]):
+        output = tmp_path / f"killed{kill_point}"
+        kill_job_after(start_job(project, *args, "--output-dir", str(output)), output / "metrics.jsonl", lines, extra_s)
+        train(project, *args, "--output-dir", str(output))
+
+        assert without_timings(read_metrics(output)) == without_timings(reference), f"kill point {kill_point}"
+        if lines > 0:  # a checkpoint was written before the kill: the second run continued from it
+            assert "resumed from" in (output / "train.log").read_text(encoding="utf-8")
+
+
+def without_timings(metrics: list[dict]) -> list[dict]:
+    return [{key: value for key, value in record.items() if key != "epoch_time_s"} for record in metrics]
