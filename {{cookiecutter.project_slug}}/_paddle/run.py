@@ -29,13 +29,7 @@ def train(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(args.output_dir, env.rank)
-        if args.dataset_zip and not args.synthetic:
-            archive.ensure_extracted(
-                args.dataset_zip,
-                args.data_dir,
-                max_bytes=args.archive_max_gb * 1e9,
-                show_progress=archive.show_progress_here(env.local_rank),
-            )
+        archive.prepare_dataset(args, env.local_rank)
         train_set, val_set, num_classes = build_datasets(args)
         train_loader, val_loader = engine.build_loaders(train_set, val_set, args, env)
 

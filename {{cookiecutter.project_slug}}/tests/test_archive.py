@@ -1,13 +1,16 @@
 """The dataset archive is extracted once per machine, safely, and bad archives stop with a clear message."""
 
+import errno
 import io
 import multiprocessing
+import shutil
 import stat
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from {{ cookiecutter.project_slug }} import archive
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -305,3 +308,38 @@ def test_two_processes_starting_together_extract_once(tmp_path):
 
     assert sorted(outcomes) == [("ok", False), ("ok", True)]
     assert files_under(target) == RACE_LAYOUT
+
+
+def test_waiting_for_another_extraction_gives_up_with_one_line_after_the_timeout(tmp_path):
+    source = write_zip(tmp_path / "data.zip", LAYOUT)
+    target = tmp_path / "data"
+    target.mkdir()
+
+    with FileLock(target / archive.LOCK):  # another machine, extracting into the same shared folder
+        with pytest.raises(UserError, match="waited 1 s for another process") as error:
+            extract(source, target, lock_timeout=1)
+
+    assert str(target / archive.LOCK) in str(error.value) and "\n" not in str(error.value)
+    assert files_under(target) == {}
+
+
+def test_a_full_disk_during_extraction_says_so_and_leaves_no_partial_dataset(tmp_path, monkeypatch):
+    source = write_zip(tmp_path / "data.zip", LAYOUT)
+    target = tmp_path / "data"
+    real_copy = shutil.copyfileobj
+    copies = []
+
+    def copy_until_the_disk_is_full(source_file, sink, *args):
+        copies.append(1)
+        if len(copies) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_copy(source_file, sink, *args)
+
+    monkeypatch.setattr(archive.shutil, "copyfileobj", copy_until_the_disk_is_full)
+    with pytest.raises(UserError, match="no space left on the device"):
+        extract(source, target)
+
+    assert files_under(target) == {}
+    assert not (target / archive.STAGING).exists() and not (target / archive.DONE_MARKER).exists()
+    monkeypatch.undo()
+    assert extract(source, target) is True and files_under(target) == LAYOUT

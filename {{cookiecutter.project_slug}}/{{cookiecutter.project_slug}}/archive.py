@@ -56,6 +56,18 @@ def ensure_extracted(
         ) from None
 
 
+def prepare_dataset(args, local_rank: int) -> None:
+    """run.py's data step: extract --dataset-zip into --data-dir, unless the run is synthetic or has no archive."""
+    if args.dataset_zip and not args.synthetic:
+        ensure_extracted(
+            args.dataset_zip,
+            args.data_dir,
+            max_bytes=args.archive_max_gb * 1e9,
+            lock_timeout=args.extract_timeout,
+            show_progress=show_progress_here(local_rank),
+        )
+
+
 def archive_identity(archive: Path) -> str:
     return f"{archive.name} {archive.stat().st_size}\n"
 

@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=100.0,
         help="refuse archives that declare more uncompressed data than this (zip bombs)",
     )
+    parser.add_argument(
+        "--extract-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds to wait for another process (or machine, on a shared filesystem) that is extracting the archive",
+    )
     # torch.distributed.launch passes --local-rank (or --local_rank on old versions);
     # the LOCAL_RANK variable it also sets is what the code reads.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
