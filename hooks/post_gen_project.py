@@ -37,6 +37,11 @@ def remove_paddle_variants() -> None:
     shutil.rmtree(PADDLE_VARIANTS)
 
 
+def remove_launcher_module(package: str) -> None:
+    """PyTorch with spawn: run.py starts its own processes, no torchrun to wrap."""
+    Path(package, "launcher.py").unlink()
+
+
 def unpack_sample_archive() -> None:
     """dataset=folder: ship the sample data already unpacked, as such projects expect."""
     with zipfile.ZipFile(SAMPLE_ARCHIVE) as archive:
@@ -51,6 +56,8 @@ def remove_sample_data() -> None:
 def main(answers: dict) -> None:
     use_framework_files(answers["framework"])
     remove_framework_dirs()
+    if answers["framework"] == "pytorch" and answers["launcher"] == "spawn":
+        remove_launcher_module(answers["project_slug"])
     if answers["framework"] == "paddle":
         package = answers["project_slug"]
         if answers["paddle_api"] == "highlevel":

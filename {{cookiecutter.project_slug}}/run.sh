@@ -59,24 +59,26 @@ if ! python -m pip install --quiet --disable-pip-version-check -r requirements.t
   exit 1
 fi
 {%- endif %}
-{% if cookiecutter.launcher == "torchrun" %}
+{% if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
+# {{ cookiecutter.project_slug }}/launcher.py runs {{ "torchrun" if cookiecutter.launcher == "torchrun" else "torch.distributed.launch" }} itself, and ends a failed job with one line.
+{%- endif %}
+{%- if cookiecutter.launcher == "torchrun" %}
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" \
+  exec python -m {{ cookiecutter.project_slug }}.launcher torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" \
     --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
 fi
 {%- endif %}
-exec torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
+exec python -m {{ cookiecutter.project_slug }}.launcher torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
 {%- elif cookiecutter.launcher == "launch" and cookiecutter.framework == "pytorch" %}
-# torch.distributed.launch is deprecated upstream but still what some platforms run; hide its notice.
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  exec python -W ignore::FutureWarning -m torch.distributed.launch --nnodes="$NNODES" --node-rank="$NODE_RANK" \
+  exec python -m {{ cookiecutter.project_slug }}.launcher launch --nnodes="$NNODES" --node-rank="$NODE_RANK" \
     --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \
     --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
 fi
 {%- endif %}
-exec python -W ignore::FutureWarning -m torch.distributed.launch --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@"
+exec python -m {{ cookiecutter.project_slug }}.launcher launch --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@"
 {%- elif cookiecutter.launcher == "spawn" %}
 # run.py spawns NPROC_PER_NODE processes itself.
 export NPROC_PER_NODE NNODES
