@@ -97,7 +97,9 @@ def train_or_explain(args) -> None:
     try:
         train(args)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        # One write per line: the ranks print at the same moment, and must not interleave.
+        sys.stderr.write(f"error: {error}\n")
+        sys.stderr.flush()
         sys.exit(1)
 
 
