@@ -1,5 +1,24 @@
-"""The one exception that means "the user must fix something", not a bug."""
+"""The one exception that means "the user must fix something", not a bug, and how it ends a process."""
+
+import functools
+import sys
 
 
 class UserError(Exception):
     """Bad input or environment; the job stops with this message as one line."""
+
+
+def explain_user_errors(train):
+    """Wrap train(args): a UserError ends this process with its one-line message and exit status 1."""
+
+    @functools.wraps(train)  # keeps its name, so spawn can still pickle it by reference
+    def train_or_explain(args) -> None:
+        try:
+            train(args)
+        except UserError as error:
+            # One write per line: the ranks print at the same moment, and must not interleave.
+            sys.stderr.write(f"error: {error}\n")
+            sys.stderr.flush()
+            sys.exit(1)
+
+    return train_or_explain

@@ -3,6 +3,7 @@
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
@@ -25,6 +26,41 @@ def setup_logging(output_dir: str | Path, rank: int) -> logging.Logger:
     PACKAGE_LOGGER.setLevel(logging.INFO)
     PACKAGE_LOGGER.propagate = False
     return PACKAGE_LOGGER
+
+
+def epoch_record(
+    epoch: int,
+    train_stats: dict,
+    val_stats: dict,
+    *,
+    lr: float,
+    world_size: int,
+    global_batch_size: int,
+    started: float,
+) -> dict:
+    """The metrics.jsonl line of a finished epoch (the keys README.md lists)."""
+    return {
+        "epoch": epoch,
+        "train_loss": train_stats["loss"],
+        "val_loss": val_stats["loss"],
+        "val_acc": val_stats["acc"],
+        "world_size": world_size,
+        "global_batch_size": global_batch_size,
+        "train_samples": train_stats["samples"],
+        "val_samples": val_stats["samples"],
+        "epoch_time_s": round(time.perf_counter() - started, 3),
+        "lr": lr,
+    }
+
+
+def report_epoch(metrics_path: Path, record: dict, epochs: int, is_main: bool) -> None:
+    """Rank 0 appends the record to metrics.jsonl; every rank logs it (rank 0's log is the console)."""
+    if is_main:
+        append_metrics(metrics_path, record)
+    PACKAGE_LOGGER.info(
+        "epoch %d/%d train_loss %.4f val_loss %.4f val_acc %.4f (%.1f s)",
+        record["epoch"], epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
+    )  # fmt: skip
 
 
 def append_metrics(path: Path, record: dict) -> None:

@@ -6,8 +6,6 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 # ruff: noqa: E402 (the quiet-start lines below must run before paddle is imported)
 
 import os
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -23,10 +21,11 @@ import paddle
 from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, logs
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
-from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.errors import explain_user_errors
 from {{ cookiecutter.project_slug }}.model import build_model
 
 
+@explain_user_errors
 def train(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     try:
@@ -68,25 +67,12 @@ def train(args) -> None:
             val_stats = engine.evaluate(network, val_loader, env, use_amp)
             is_best = val_stats["acc"] > best_acc
             best_acc = max(best_acc, val_stats["acc"])
-            record = {
-                "epoch": epoch,
-                "train_loss": train_stats["loss"],
-                "val_loss": val_stats["loss"],
-                "val_acc": val_stats["acc"],
-                "world_size": env.world_size,
-                "global_batch_size": global_batch,
-                "train_samples": train_stats["samples"],
-                "val_samples": val_stats["samples"],
-                "epoch_time_s": round(time.perf_counter() - started, 3),
-                "lr": train_stats["lr"],  # the rate this epoch trained with
-            }
-            if env.is_main:
-                logs.append_metrics(metrics_path, record)
-            checkpoints.save(epoch, best_acc, is_best)
-            log.info(
-                "epoch %d/%d train_loss %.4f val_loss %.4f val_acc %.4f (%.1f s)",
-                epoch, args.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
+            record = logs.epoch_record(
+                epoch, train_stats, val_stats, lr=train_stats["lr"], world_size=env.world_size, global_batch_size=global_batch,
+                started=started,
             )  # fmt: skip
+            logs.report_epoch(metrics_path, record, args.epochs, env.is_main)
+            checkpoints.save(epoch, best_acc, is_best)
 
         if start_epoch >= args.epochs:
             log.info("nothing to train: the checkpoint is at epoch %d and --epochs is %d", start_epoch, args.epochs)
@@ -109,16 +95,5 @@ def train(args) -> None:
         distributed.cleanup()
 
 
-def train_or_explain(args) -> None:
-    """train(), but a UserError ends this process with its one-line message and exit status 1."""
-    try:
-        train(args)
-    except UserError as error:
-        # One write per line: the ranks print at the same moment, and must not interleave.
-        sys.stderr.write(f"error: {error}\n")
-        sys.stderr.flush()
-        sys.exit(1)
-
-
 if __name__ == "__main__":
-    distributed.launch(train_or_explain, cli.parse_args())
+    distributed.launch(train, cli.parse_args())
