@@ -318,6 +318,66 @@ def test_a_job_killed_at_any_moment_resumes_to_the_same_results(bake, tmp_path, 
             assert "resumed from" in (output / "train.log").read_text(encoding="utf-8")
 
 
+SLOW_STEPS = """
+
+import time
+
+_build_model = build_model
+
+
+def build_model(num_classes):  # noqa: F811 - a test slows every step, to stop a job part-way through an epoch
+    model = _build_model(num_classes)
+    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.02))
+    return model
+"""
+STOP_ARGS = ["--epochs", "1", "--batch-size", "16", "--log-every", "1"]
+UNINTERRUPTED: dict[tuple, list[dict]] = {}  # per framework and API: every launcher must train the same numbers
+
+
+def stop_job_at(job: subprocess.Popen, log: Path, line: str, whole_group: bool) -> float:
+    """SIGTERM run.sh alone (as Kubernetes does) or every process (as SLURM does) once `line` is logged.
+
+    Returns the seconds from the signal to the end of the job.
+    """
+    deadline = time.monotonic() + 120
+    while not (log.exists() and line in log.read_text(encoding="utf-8")):
+        assert job.poll() is None and time.monotonic() < deadline, f"the job ended before logging {line!r}"
+        time.sleep(0.02)
+    signalled = time.monotonic()
+    os.killpg(job.pid, signal.SIGTERM) if whole_group else os.kill(job.pid, signal.SIGTERM)
+    job.wait(timeout=60)
+    return time.monotonic() - signalled
+
+
+@pytest.mark.parametrize("answers", LAUNCH_CASES, ids=lambda a: "-".join(a.values()))
+def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_same_results(bake, tmp_path, answers):
+    project = bake(**answers)
+    with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
+        model.write(SLOW_STEPS)
+    key = (answers["framework"], answers.get("paddle_api"))
+    if key not in UNINTERRUPTED:
+        train(project, *STOP_ARGS, "--output-dir", str(tmp_path / "reference"))
+        UNINTERRUPTED[key] = without_timings(read_metrics(tmp_path / "reference"))
+    output = tmp_path / "stopped"
+    # Kubernetes signals run.sh only; SLURM every process of the job: one launcher per framework tries the latter.
+    whole_group = answers["launcher"] == "spawn"
+
+    job = start_job(project, *STOP_ARGS, "--output-dir", str(output))
+    seconds = stop_job_at(job, output / "train.log", "epoch 1 step 10/", whole_group)
+
+    assert job.returncode == 143
+    assert seconds < 15
+    assert processes_working_in(project) == []
+    log = (output / "train.log").read_text(encoding="utf-8")
+    stopped_at = int(log.split("stopped by SIGTERM after epoch 1 step ")[1].split(";")[0])
+    assert 10 <= stopped_at < 45  # the next step boundary, before the end of the epoch (45 steps)
+    assert not (output / "metrics.jsonl").exists() or read_metrics(output) == []
+
+    train(project, *STOP_ARGS, "--output-dir", str(output))
+    assert f"(epoch 1, step {stopped_at})" in (output / "train.log").read_text(encoding="utf-8")
+    assert without_timings(read_metrics(output)) == UNINTERRUPTED[key]
+
+
 def without_timings(metrics: list[dict]) -> list[dict]:
     return [{key: value for key, value in record.items() if key != "epoch_time_s"} for record in metrics]
 

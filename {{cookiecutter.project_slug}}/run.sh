@@ -125,13 +125,25 @@ if ((NNODES > 1)); then
   launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES" --rank "$NODE_RANK")
 fi
 {%- endif %}
-status=0
 # paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
 {%- if cookiecutter.launcher == "launch" %}
-python -W "ignore:No ccache found" -m paddle.distributed.launch "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" || status=$?
+python -W "ignore:No ccache found" -m paddle.distributed.launch "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" &
 {%- else %}
-PYTHONWARNINGS="ignore:No ccache found" fleetrun "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" || status=$?
+PYTHONWARNINGS="ignore:No ccache found" fleetrun "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" &
 {%- endif %}
+launcher=$!
+# Kubernetes sends SIGTERM to this script only: pass it on, so that the workers save and stop.
+stopped=0
+trap 'stopped=1; kill -TERM "$launcher" 2>/dev/null || true' TERM INT
+status=0
+wait "$launcher" || status=$?
+while kill -0 "$launcher" 2>/dev/null; do # the trap interrupted wait: wait for the launcher itself
+  status=0
+  wait "$launcher" || status=$?
+done
+if ((stopped)); then
+  exit 143 # as the workers do: stopped by SIGTERM, the checkpoint saved
+fi
 if ((status != 0)); then
   show_worker_errors "$log_dir"
 fi

@@ -17,7 +17,7 @@ os.environ.setdefault("GLOG_minloglevel", "1")
 
 import paddle
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, logs
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, loaders, logs, preemption
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -26,12 +26,13 @@ from {{ cookiecutter.project_slug }}.model import build_model
 
 @explain_user_errors
 def train(args) -> None:
+    stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(args.output_dir, env.rank)
         archive.prepare_dataset(args, env.local_rank)
         train_set, val_set, num_classes = build_datasets(args)
-        train_loader, val_loader = engine.build_loaders(train_set, val_set, args, env)
+        train_loader, val_loader = loaders.build_loaders(train_set, val_set, args, env)
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         model = distributed.wrap_model(build_model(num_classes), env, args.find_unused_parameters)
@@ -43,7 +44,7 @@ def train(args) -> None:
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scaler)
-        start_epoch, best_acc = checkpoints.resume(args.resume)
+        start_epoch, best_acc, progress = checkpoints.resume(args.resume)
         engine.reapply_schedule(scheduler)
         metrics_path = output_dir / "metrics.jsonl"
         if env.is_main:
@@ -60,7 +61,13 @@ def train(args) -> None:
         for epoch in range(start_epoch + 1, args.epochs + 1):
             started = time.perf_counter()
             train_loader.batch_sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-            train_stats = engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch)
+            train_stats = engine.train_one_epoch(
+                model, train_loader, optimizer, scaler, env, args, epoch, progress, stop
+            )  # fmt: skip
+            if train_stats is None:  # stopped part-way: `progress` says where
+                checkpoints.save(epoch - 1, best_acc, is_best=False, progress=progress)
+                preemption.leave(epoch, progress, checkpoints.last_path)
+            progress = preemption.EpochProgress()
             val_stats = engine.evaluate(model, val_loader, env, scaler.is_enable())
             lr = optimizer.get_lr()  # the rate this epoch trained with
             scheduler.step()
@@ -72,6 +79,8 @@ def train(args) -> None:
             )  # fmt: skip
             logs.report_epoch(metrics_path, record, args.epochs, env.is_main)
             checkpoints.save(epoch, best_acc, is_best)
+            if epoch < args.epochs and stop.stop_now(env):
+                preemption.leave(epoch, progress, checkpoints.last_path)
         log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())
         # Leave together: a rank that tears down the group while a peer is still talking to it can abort.
         distributed.barrier()

@@ -3,6 +3,10 @@
 import functools
 import sys
 
+# 128 + SIGTERM, as a process killed by it: a run stopped by SIGTERM did not finish, and schedulers
+# (a Kubernetes Job, a SLURM requeue) must not count it as done.
+STOPPED_STATUS = 143
+
 
 class UserError(Exception):
     """Bad input or environment; the job stops with this message as one line."""

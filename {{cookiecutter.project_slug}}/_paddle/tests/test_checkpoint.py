@@ -14,6 +14,7 @@ from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
 PAIR = ["last.pdopt", "last.pdparams"]
@@ -87,6 +88,12 @@ def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_pat
     assert_same_weights(weights_of(fresh), weights_of(saver.model))
 
 
+def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False, progress=EpochProgress(7, 3.25, 112))
+
+    assert build_checkpointer(tmp_path).resume("auto") == (2, 0.5, EpochProgress(7, 3.25, 112))
+
+
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
     paddle.seed(1)
     saver = build_checkpointer(tmp_path)
@@ -100,7 +107,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     resumer = build_checkpointer(tmp_path)
     assert not np.array_equal(resumer.model.weight.numpy(), saver.model.weight.numpy())
 
-    assert resumer.resume("auto") == (2, 0.75)
+    assert resumer.resume("auto") == (2, 0.75, EpochProgress())
 
     assert draw_random_numbers() == numbers_after_save
     assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
@@ -112,7 +119,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0)
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
@@ -120,7 +127,7 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
     fresh = build_checkpointer(tmp_path)
     weights = weights_of(fresh.model)
 
-    assert fresh.resume("none") == (0, 0.0)
+    assert fresh.resume("none") == (0, 0.0, EpochProgress())
     assert_same_weights(weights_of(fresh.model), weights)
 
 
@@ -128,7 +135,7 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
 def test_resume_from_an_explicit_path_loads_that_pair(tmp_path, name):
     build_checkpointer(tmp_path / "old").save(epoch=5, best_acc=0.6, is_best=False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == (5, 0.6)
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == (5, 0.6, EpochProgress())
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):
@@ -229,7 +236,7 @@ def test_crash_while_writing_keeps_the_previous_pair_and_leaves_no_temporary_fil
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
     assert paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 1
     assert_same_weights(paddle.load(str(tmp_path / "last.pdparams")), weights_at_1)
-    assert build_checkpointer(tmp_path).resume("auto") == (1, 0.5)
+    assert build_checkpointer(tmp_path).resume("auto") == (1, 0.5, EpochProgress())
 
 
 def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, monkeypatch):
@@ -255,7 +262,7 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
     assert new_state != new_weights  # one file of the pair on disk is new, the other old ...
 
     resumer = build_checkpointer(tmp_path)
-    assert resumer.resume("auto") == (2, 0.5)  # ... and the next start finishes the save first
+    assert resumer.resume("auto") == (2, 0.5, EpochProgress())  # ... and the next start finishes the save first
 
     assert_same_weights(weights_of(resumer.model), weights_at_2)
     assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
@@ -282,7 +289,7 @@ def test_training_state_without_the_keys_run_py_writes_is_not_taken_for_a_checkp
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
     build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False)
     # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
-    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda epoch: [epoch, 0])
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
 
     with pytest.raises(UserError, match="different epochs") as error:
         build_checkpointer(tmp_path).resume("auto")

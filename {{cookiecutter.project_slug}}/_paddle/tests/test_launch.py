@@ -42,6 +42,15 @@ def test_ranks_come_from_the_launcher_and_default_to_one_process(clean_env, vari
     assert distributed.read_ranks() == ranks
 
 
+class FinishedRanks:
+    """What paddle.distributed.spawn(join=False) returns, once every rank has ended well."""
+
+    processes = []
+
+    def join(self) -> bool:
+        return True
+
+
 @pytest.mark.parametrize(
     "launcher, variables, spawns",
     [
@@ -57,7 +66,13 @@ def test_run_py_spawns_its_processes_only_when_no_launcher_did(clean_env, launch
         clean_env.setenv(name, value)
     clean_env.setattr(distributed, "LAUNCHER", launcher)
     spawned, ran_here = [], []
-    clean_env.setattr(distributed.dist, "spawn", lambda function, args, nprocs: spawned.append(nprocs))
+
+    def spawn(function, args, nprocs, join):
+        spawned.append(nprocs)
+        return FinishedRanks()
+
+    clean_env.setattr(distributed.dist, "spawn", spawn)
+    clean_env.setattr(distributed.signal, "signal", lambda signum, handler: None)  # pytest keeps its own
 
     distributed.launch(lambda args: ran_here.append(args), "args")
 

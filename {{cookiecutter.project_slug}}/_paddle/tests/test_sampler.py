@@ -7,7 +7,7 @@ import pytest
 from paddle import nn
 from paddle.io import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, engine
+from {{ cookiecutter.project_slug }} import cli, engine, loaders
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 
 
@@ -24,9 +24,9 @@ def samples_seen(loader) -> list[int]:
     return [int(i) for batch, _ in loader for i in batch.numpy()]
 
 
-def loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
+def train_and_val_loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
     args = cli.parse_args(["--batch-size", str(batch_size), "--seed", "7"])
-    return engine.build_loaders(numbered(size), numbered(size), args, env_of(rank, world_size))
+    return loaders.build_loaders(numbered(size), numbered(size), args, env_of(rank, world_size))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -34,7 +34,7 @@ def loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
 def test_validation_shards_hold_every_sample_exactly_once_without_padding(size, world_size):
     seen = []
     for rank in range(world_size):
-        _, val_loader = loaders(size, rank, world_size)
+        _, val_loader = train_and_val_loaders(size, rank, world_size)
         seen += samples_seen(val_loader)
 
     assert sorted(seen) == list(range(size))
@@ -43,9 +43,9 @@ def test_validation_shards_hold_every_sample_exactly_once_without_padding(size, 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_shard_sampler_gives_every_index_once_for_odd_sizes(world_size):
     for size in (0, 1, 2, 7, 11, 101):
-        shards = [list(engine.ShardSampler(size, env_of(rank, world_size))) for rank in range(world_size)]
+        shards = [list(loaders.ShardSampler(size, env_of(rank, world_size))) for rank in range(world_size)]
         assert sorted(i for shard in shards for i in shard) == list(range(size))
-        assert sum(len(engine.ShardSampler(size, env_of(r, world_size))) for r in range(world_size)) == size
+        assert sum(len(loaders.ShardSampler(size, env_of(r, world_size))) for r in range(world_size)) == size
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -54,7 +54,7 @@ def test_training_shards_together_cover_the_dataset_every_epoch(world_size):
     for epoch in (1, 2, 3):
         shards = []
         for rank in range(world_size):
-            train_loader, _ = loaders(size, rank, world_size)
+            train_loader, _ = train_and_val_loaders(size, rank, world_size)
             train_loader.batch_sampler.set_epoch(epoch)
             shards.append(samples_seen(train_loader))
 
@@ -72,7 +72,7 @@ def test_training_order_changes_every_epoch_and_is_the_same_in_every_process():
     for epoch in (1, 2):
         for rank in range(world_size):
             for attempt in ("first process", "restarted process"):
-                train_loader, _ = loaders(size, rank, world_size)
+                train_loader, _ = train_and_val_loaders(size, rank, world_size)
                 train_loader.batch_sampler.set_epoch(epoch)
                 orders[epoch, rank, attempt] = samples_seen(train_loader)
 
@@ -89,7 +89,7 @@ def test_validation_counts_every_sample_once_in_loss_and_accuracy():
     val_set = TensorDataset([paddle.to_tensor(logits), paddle.to_tensor(labels)])
     args = cli.parse_args(["--batch-size", "4"])  # 10 samples: batches of 4, 4 and 2
     env = env_of(0, 1)
-    _, val_loader = engine.build_loaders(val_set, val_set, args, env)
+    _, val_loader = loaders.build_loaders(val_set, val_set, args, env)
 
     stats = engine.evaluate(nn.Identity(), val_loader, env, use_amp=False)
 
@@ -104,7 +104,7 @@ def test_evaluate_leaves_the_model_in_eval_mode_and_does_not_train_it():
     weights = model.weight.numpy().copy()
     val_set = TensorDataset([paddle.randn([6, 3]), paddle.to_tensor([0, 1, 0, 1, 0, 1])])
     env = env_of(0, 1)
-    _, val_loader = engine.build_loaders(val_set, val_set, cli.parse_args(["--batch-size", "4"]), env)
+    _, val_loader = loaders.build_loaders(val_set, val_set, cli.parse_args(["--batch-size", "4"]), env)
 
     engine.evaluate(model, val_loader, env, use_amp=False)
 

@@ -1,9 +1,10 @@
-"""What paddle.Model.fit needs around it: the data loaders, an epoch callback, and exact evaluation.
+"""What paddle.Model.fit needs around it: an epoch callback, and exact evaluation.
 
 fit() runs the training steps; EpochEnd, a fit callback, reshuffles the data
 every epoch, logs the loss, sums each epoch's loss and samples over all ranks
 and hands them to the caller's end-of-epoch function (validation, metrics,
-checkpoints). Validation is not Model.evaluate: that reports each rank's shard
+checkpoints). After each optimizer step it asks whether a SIGTERM stops the
+run, and then hands where the epoch stands to the caller's stop function. Validation is not Model.evaluate: that reports each rank's shard
 only, and its sampler pads shards with repeated samples. evaluate() here counts
 every validation sample exactly once, over all ranks.
 """
@@ -16,42 +17,13 @@ import time
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
+from paddle.io import DataLoader
 
 from . import distributed
 from .distributed import DistEnv
+from .preemption import EpochProgress, StopRequest
 
 log = logging.getLogger(__name__)
-
-
-class ShardSampler(Sampler):
-    """Rank r takes samples r, r + world, r + 2*world, ...: every sample exactly once, no padding.
-
-    DistributedBatchSampler pads shards to equal length with repeated samples,
-    which would count some validation samples twice.
-    """
-
-    def __init__(self, dataset_size: int, env: DistEnv):
-        super().__init__()
-        self.indices = range(env.rank, dataset_size, env.world_size)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
-    """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
-    train_sampler = DistributedBatchSampler(
-        train_set, args.batch_size, num_replicas=env.world_size, rank=env.rank, shuffle=True
-    )
-    val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=args.batch_size)
-    common = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
-    train_loader = DataLoader(train_set, batch_sampler=train_sampler, **common)
-    val_loader = DataLoader(val_set, batch_sampler=val_sampler, **common)
-    return train_loader, val_loader
 
 
 def accumulated_loss(grad_accum: int):
@@ -69,34 +41,48 @@ class EpochEnd(paddle.callbacks.Callback):
     train_stats holds the mean loss and the distinct samples seen by all ranks, as
     the basic loop's train_one_epoch() returns them, and the learning rate the epoch
     trained with (fit's LRScheduler callback has stepped it by then). fit() counts
-    its epochs from 0; the epochs here continue a resumed run: first_epoch + 1, ...
+    its epochs from 0; the epochs here continue a resumed run: first_epoch + 1, ...,
+    the first of them after `progress.step` batches when a stopped epoch goes on.
+    When `stop` asks for it, stop_in_epoch(epoch, progress) saves and ends the process.
     """
 
-    def __init__(self, loader: DataLoader, env: DistEnv, args, first_epoch: int, end_epoch):
+    def __init__(
+        self, loader: DataLoader, env: DistEnv, args, first_epoch: int, progress: EpochProgress, stop: StopRequest,
+        end_epoch, stop_in_epoch,
+    ):  # fmt: skip
         super().__init__()
         self.loader, self.env, self.args = loader, env, args
-        self.first_epoch, self.end_epoch = first_epoch, end_epoch
+        self.first_epoch, self.progress, self.stop = first_epoch, progress, stop
+        self.end_epoch, self.stop_in_epoch = end_epoch, stop_in_epoch
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self.epoch = self.first_epoch + epoch + 1
         self.started = time.perf_counter()
         self.loader.batch_sampler.set_epoch(self.epoch)  # a new shuffle every epoch, the same on every rank
-        self.loss_sum, self.seen = 0.0, 0
+        self.loader.batch_sampler.skip = self.progress.step  # fit() starts iterating right after this
+        self.steps = self.progress.step + len(self.loader)
         self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
 
     def on_train_batch_end(self, step: int, logs=None) -> None:
         batch = logs["batch_size"] // self.env.world_size  # fit reports the batch of all ranks together
         # fit reports the loss of accumulated_loss(), divided by --grad-accum: undo that.
-        self.loss_sum += logs["loss"][0] * self.args.grad_accum * batch
-        self.seen += batch
-        if (step + 1) % self.args.log_every == 0 and self.env.is_main:
-            log.info("epoch %d step %d/%d loss %.4f", self.epoch, step + 1, len(self.loader), self.loss_sum / self.seen)
+        progress = self.progress
+        progress.loss_sum += logs["loss"][0] * self.args.grad_accum * batch
+        progress.seen += batch
+        progress.step += 1
+        if progress.step % self.args.log_every == 0 and self.env.is_main:
+            mean_loss = progress.loss_sum / progress.seen
+            log.info("epoch %d step %d/%d loss %.4f", self.epoch, progress.step, self.steps, mean_loss)
+        # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
+        if progress.step % self.args.grad_accum == 0 and progress.step < self.steps and self.stop.stop_now(self.env):
+            self.stop_in_epoch(self.epoch, self.progress)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        total_loss, total_seen = distributed.all_reduce_sum([self.loss_sum, self.seen], self.env)
+        total_loss, total_seen = distributed.all_reduce_sum([self.progress.loss_sum, self.progress.seen], self.env)
         # DistributedBatchSampler repeats a few samples so every rank gets as many; they are not distinct.
         padding = self.loader.batch_sampler.total_size - len(self.loader.dataset)
         train_stats = {"loss": total_loss / total_seen, "samples": int(total_seen) - padding, "lr": self.lr}
+        self.progress = EpochProgress()
         self.end_epoch(self.epoch, train_stats, self.started)
 
 

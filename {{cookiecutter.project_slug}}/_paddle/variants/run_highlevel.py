@@ -18,7 +18,7 @@ warnings.filterwarnings("ignore", "To copy construct from a tensor")
 
 import paddle
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, logs
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, loaders, logs, preemption
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -27,12 +27,13 @@ from {{ cookiecutter.project_slug }}.model import build_model
 
 @explain_user_errors
 def train(args) -> None:
+    stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(args.output_dir, env.rank)
         archive.prepare_dataset(args, env.local_rank)
         train_set, val_set, num_classes = build_datasets(args)
-        train_loader, val_loader = engine.build_loaders(train_set, val_set, args, env)
+        train_loader, val_loader = loaders.build_loaders(train_set, val_set, args, env)
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         network = build_model(num_classes)
@@ -48,7 +49,7 @@ def train(args) -> None:
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer)
-        start_epoch, best_acc = checkpoints.resume(args.resume)
+        start_epoch, best_acc, progress = checkpoints.resume(args.resume)
         engine.reapply_schedule(scheduler)
         metrics_path = output_dir / "metrics.jsonl"
         if env.is_main:
@@ -73,6 +74,12 @@ def train(args) -> None:
             )  # fmt: skip
             logs.report_epoch(metrics_path, record, args.epochs, env.is_main)
             checkpoints.save(epoch, best_acc, is_best)
+            if epoch < args.epochs and stop.stop_now(env):
+                preemption.leave(epoch, preemption.EpochProgress(), checkpoints.last_path)
+
+        def stop_in_epoch(epoch: int, progress: preemption.EpochProgress) -> None:
+            checkpoints.save(epoch - 1, best_acc, is_best=False, progress=progress)
+            preemption.leave(epoch, progress, checkpoints.last_path)
 
         if start_epoch >= args.epochs:
             log.info("nothing to train: the checkpoint is at epoch %d and --epochs is %d", start_epoch, args.epochs)
@@ -85,7 +92,7 @@ def train(args) -> None:
                 callbacks=[
                     # The cosine schedule steps once per epoch, before EpochEnd saves it (the default: every step).
                     paddle.callbacks.LRScheduler(by_step=False, by_epoch=True),
-                    engine.EpochEnd(train_loader, env, args, start_epoch, end_epoch),
+                    engine.EpochEnd(train_loader, env, args, start_epoch, progress, stop, end_epoch, stop_in_epoch),
                 ],
             )
         log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())

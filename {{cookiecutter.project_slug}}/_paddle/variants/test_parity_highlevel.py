@@ -17,7 +17,7 @@ import pytest
 from paddle import nn
 from paddle.io import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, distributed, engine
+from {{ cookiecutter.project_slug }} import cli, distributed, engine, loaders, preemption
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,16 @@ def train(batch_size: int, grad_accum: int) -> dict:
         args = cli.parse_args(
             ["--batch-size", str(batch_size), "--grad-accum", str(grad_accum), "--seed", "5", "--no-amp"]
         )
-        train_loader, _ = engine.build_loaders(dataset(), dataset(), args, env)
+        train_loader, _ = loaders.build_loaders(dataset(), dataset(), args, env)
         network = build_model()
         model = paddle.Model(network)
         optimizer = paddle.optimizer.Momentum(learning_rate=0.5, momentum=0.9, parameters=network.parameters())
         model.prepare(optimizer, engine.accumulated_loss(grad_accum))
         epochs = []
-        end_epoch = engine.EpochEnd(train_loader, env, args, 0, lambda epoch, stats, started: epochs.append(stats))
+        end_epoch = engine.EpochEnd(
+            train_loader, env, args, 0, preemption.EpochProgress(), preemption.StopRequest(),
+            lambda epoch, stats, started: epochs.append(stats), None,
+        )  # fmt: skip
         model.fit(train_loader, epochs=EPOCHS, verbose=0, accumulate_grad_batches=grad_accum, callbacks=[end_epoch])
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.

@@ -3,7 +3,8 @@
 DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
 any copy of the model); last.pdopt beside it holds everything else needed to
 continue: optimizer (with the learning-rate schedule inside), AMP scaler,
-epoch, best accuracy and every rank's RNG states. best.* is a copy of the
+epochs done, best accuracy, every rank's RNG states and, after a SIGTERM stop,
+how far each rank is into the next epoch. best.* is a copy of the
 epoch with the best validation accuracy.
 
 Two files cannot be replaced in one atomic step, so a save goes through a
@@ -30,13 +31,14 @@ import paddle
 from . import distributed
 from .distributed import DistEnv
 from .errors import UserError
+from .preemption import EpochProgress
 
 log = logging.getLogger(__name__)
 
 LAST, BEST = "last", "best"
 WEIGHTS, STATE = ".pdparams", ".pdopt"
 SAVING, SAVED = ".saving", ".saved"
-STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng")
+STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng", "progress")
 
 
 class Checkpointer:
@@ -51,9 +53,12 @@ class Checkpointer:
     def last_path(self) -> Path:
         return self.directory / (LAST + WEIGHTS)
 
-    def save(self, epoch: int, best_acc: float, is_best: bool) -> None:
-        """Called on every rank (RNG states are gathered); only rank 0 writes."""
-        rng_states = distributed.all_gather_object(capture_rng())
+    def save(self, epoch: int, best_acc: float, is_best: bool, progress: EpochProgress | None = None) -> None:
+        """Save after `epoch` epochs, plus `progress` into the next when a stop interrupts it.
+
+        Called on every rank (RNG states and progress are gathered); only rank 0 writes.
+        """
+        per_rank = distributed.all_gather_object((capture_rng(), (progress or EpochProgress()).to_dict()))
         if not self.env.is_main:
             return
         state = {
@@ -61,7 +66,8 @@ class Checkpointer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "epoch": epoch,
             "best_acc": best_acc,
-            "rng": rng_states,
+            "rng": [rng for rng, _ in per_rank],
+            "progress": [rank_progress for _, rank_progress in per_rank],
         }
         staging = self.directory / SAVING
         shutil.rmtree(staging, ignore_errors=True)
@@ -77,32 +83,33 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
         move_saved_into_place(self.directory)
 
-    def resume(self, how: str) -> tuple[int, float]:
-        """Load the checkpoint `how` names (auto, none or a path); return (epoch done, best accuracy).
+    def resume(self, how: str) -> tuple[int, float, EpochProgress]:
+        """Load the checkpoint `how` names (auto, none or a path).
 
-        Every rank loads it, and all must find the same epoch: a machine that cannot see
-        the checkpoint would otherwise start afresh and train a different model.
+        Returns the epochs done, the best accuracy and this rank's progress into the next
+        epoch. Every rank loads it, and all must find the same point: a machine that cannot
+        see the checkpoint would otherwise start afresh and train a different model.
         """
         if self.env.is_main:
             finish_interrupted_save(self.directory)
         distributed.barrier()
-        epoch, best_acc = self._load(how)
-        epochs = distributed.all_gather_object(epoch)
-        if len(set(epochs)) > 1:
+        epoch, best_acc, progress = self._load(how)
+        points = distributed.all_gather_object((epoch, progress.step))
+        if len(set(points)) > 1:
             raise UserError(
-                f"ranks found checkpoints of different epochs ({epochs}) in {self.directory}: give every machine "
-                "the same --output-dir on a shared filesystem, or copy the checkpoints to each"
+                f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
+                "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
             )
-        return epoch, best_acc
+        return epoch, best_acc, progress
 
-    def _load(self, how: str) -> tuple[int, float]:
+    def _load(self, how: str) -> tuple[int, float, EpochProgress]:
         if how == "none":
-            return 0, 0.0
+            return 0, 0.0, EpochProgress()
         path = self.last_path if how == "auto" else Path(how)
         weights_path, state_path = path.with_suffix(WEIGHTS), path.with_suffix(STATE)
         if not weights_path.exists():
             if how == "auto":
-                return 0, 0.0
+                return 0, 0.0, EpochProgress()
             raise UserError(
                 f"checkpoint {weights_path} not found: pass --resume auto, none, or an existing .pdparams file"
             )
@@ -128,14 +135,20 @@ class Checkpointer:
         self.optimizer.set_state_dict(state["optimizer"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
+        progress = EpochProgress()
         if len(state["rng"]) == self.env.world_size:
             restore_rng(state["rng"][self.env.rank])
+            progress = EpochProgress(**state["progress"][self.env.rank])
         else:
             log.warning(
-                "world size changed from %d to %d: random streams start afresh", len(state["rng"]), self.env.world_size
-            )
-        log.info("resumed from %s (epoch %d)", weights_path, state["epoch"])
-        return state["epoch"], state["best_acc"]
+                "world size changed from %d to %d: random streams start afresh, and a stopped epoch from its start",
+                len(state["rng"]), self.env.world_size,
+            )  # fmt: skip
+        if progress.step:
+            log.info("resumed from %s (epoch %d, step %d)", weights_path, state["epoch"] + 1, progress.step)
+        else:
+            log.info("resumed from %s (epoch %d)", weights_path, state["epoch"])
+        return state["epoch"], state["best_acc"], progress
 
 
 def save_synced(obj, path: Path) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import sys
 import warnings
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from .errors import UserError
+from .errors import STOPPED_STATUS, UserError
 from .settings import LAUNCHER
 
 
@@ -158,15 +159,27 @@ def launch(worker, args) -> None:
         return
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
     logging.getLogger().setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Your model will be trained under CPUONLY")
+        ranks = dist.spawn(_spawned, args=(worker, args), nprocs=nproc, join=False)
+    # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
+    signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Your model will be trained under CPUONLY")
-            dist.spawn(_spawned, args=(worker, args), nprocs=nproc)
+        while not ranks.join():
+            pass
     except Exception as error:  # spawn raises a bare Exception naming the worker that failed
+        if f"exit code {STOPPED_STATUS}." in str(error):  # stopped by SIGTERM, and has said where
+            sys.exit(STOPPED_STATUS)
         # A worker that exited with status 1 has printed its own error; anything else comes with its traceback.
         if "exit code 1." not in str(error):
             print(error, file=sys.stderr)
         sys.exit(1)
+
+
+def _forward(signum: int, processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            os.kill(process.pid, signum)
 
 
 def _spawned(worker, args) -> None:

@@ -1,4 +1,4 @@
-"""The training and evaluation loops, and the data loaders that feed them.
+"""The training and evaluation loops.
 
 Per step there is no host synchronisation: the running loss stays on the
 device and is read every --log-every steps only.
@@ -13,58 +13,38 @@ import sys
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
+from paddle.io import DataLoader
 from tqdm import tqdm
 
 from . import distributed
 from .distributed import DistEnv
+from .preemption import EpochProgress, StopRequest
 
 log = logging.getLogger(__name__)
 
 
-class ShardSampler(Sampler):
-    """Rank r takes samples r, r + world, r + 2*world, ...: every sample exactly once, no padding.
-
-    DistributedBatchSampler pads shards to equal length with repeated samples,
-    which would count some validation samples twice.
-    """
-
-    def __init__(self, dataset_size: int, env: DistEnv):
-        super().__init__()
-        self.indices = range(env.rank, dataset_size, env.world_size)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
-    """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
-    train_sampler = DistributedBatchSampler(
-        train_set, args.batch_size, num_replicas=env.world_size, rank=env.rank, shuffle=True
-    )
-    val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=args.batch_size)
-    common = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
-    train_loader = DataLoader(train_set, batch_sampler=train_sampler, **common)
-    val_loader = DataLoader(val_set, batch_sampler=val_sampler, **common)
-    return train_loader, val_loader
-
-
-def progress(iterable, env: DistEnv, desc: str):
+def progress_bar(iterable, env: DistEnv, desc: str):
     """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
     return tqdm(iterable, desc=desc, leave=False, disable=not (env.is_main and sys.stderr.isatty()))
 
 
-def train_one_epoch(model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int) -> dict:
-    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks."""
+def train_one_epoch(
+    model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int, progress: EpochProgress,
+    stop: StopRequest,
+) -> dict | None:  # fmt: skip
+    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks.
+
+    The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
+    `stop` asks for it, the pass ends early after an optimizer step: `progress` then says where,
+    and the return value is None.
+    """
     model.train()
-    loss_sum = paddle.zeros([])
-    seen = 0
-    steps = len(loader)
+    loss_sum = paddle.to_tensor(progress.loss_sum, dtype="float32")
+    seen = progress.seen
+    loader.batch_sampler.skip = progress.step
+    steps = progress.step + len(loader)
     use_amp = scaler.is_enable()
-    for step, (images, labels) in enumerate(progress(loader, env, f"epoch {epoch}"), start=1):
+    for step, (images, labels) in enumerate(progress_bar(loader, env, f"epoch {epoch}"), start=progress.step + 1):
         steps_now = step % args.grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
@@ -80,6 +60,10 @@ def train_one_epoch(model, loader: DataLoader, optimizer, scaler, env: DistEnv, 
         seen += len(labels)
         if step % args.log_every == 0 and env.is_main:
             log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, loss_sum.item() / seen)
+        # The last step needs no check: run.py checks again once the epoch is saved.
+        if steps_now and step < steps and stop.stop_now(env):
+            progress.step, progress.loss_sum, progress.seen = step, loss_sum.item(), seen
+            return None
     total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
     # DistributedBatchSampler repeats a few samples so every rank gets as many; they are not distinct.
     padding = loader.batch_sampler.total_size - len(loader.dataset)

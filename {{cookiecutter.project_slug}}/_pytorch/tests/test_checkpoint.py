@@ -14,6 +14,7 @@ from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -89,6 +90,12 @@ def test_weights_saved_from_a_ddp_model_have_no_module_prefix(tmp_path, process_
     assert_same_tensors(fresh.state_dict(), plain.state_dict())
 
 
+def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
+    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False, progress=EpochProgress(7, 3.25, 112))
+
+    assert build_checkpointer(tmp_path).resume("auto") == (2, 0.5, EpochProgress(7, 3.25, 112))
+
+
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
     torch.manual_seed(1)
     saver = build_checkpointer(tmp_path)
@@ -104,7 +111,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     resumer = build_checkpointer(tmp_path)
     assert (resumer.model.weight != saved_model["weight"]).any()
 
-    assert resumer.resume("auto") == (2, 0.75)
+    assert resumer.resume("auto") == (2, 0.75, EpochProgress())
 
     assert draw_random_numbers() == numbers_after_save
     assert_same_tensors(resumer.model.state_dict(), saved_model)
@@ -117,7 +124,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0)
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
@@ -125,14 +132,14 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
     fresh = build_checkpointer(tmp_path)
     weights = {k: v.clone() for k, v in fresh.model.state_dict().items()}
 
-    assert fresh.resume("none") == (0, 0.0)
+    assert fresh.resume("none") == (0, 0.0, EpochProgress())
     assert_same_tensors(fresh.model.state_dict(), weights)
 
 
 def test_resume_from_an_explicit_path_loads_that_file(tmp_path):
     build_checkpointer(tmp_path / "old").save(epoch=5, best_acc=0.6, is_best=False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt")) == (5, 0.6)
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt")) == (5, 0.6, EpochProgress())
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):
@@ -224,7 +231,7 @@ def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
     build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False)
     # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
-    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda epoch: [epoch, 0])
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
 
     with pytest.raises(UserError, match="different epochs") as error:
         build_checkpointer(tmp_path).resume("auto")

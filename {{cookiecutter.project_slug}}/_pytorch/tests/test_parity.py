@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, distributed, engine
+from {{ cookiecutter.project_slug }} import cli, distributed, engine, loaders, preemption
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +45,17 @@ def train(batch_size: int, grad_accum: int) -> dict:
         args = cli.parse_args(
             ["--batch-size", str(batch_size), "--grad-accum", str(grad_accum), "--seed", "5", "--no-amp"]
         )
-        train_loader, _ = engine.build_loaders(dataset(), dataset(), args, env)
+        train_loader, _ = loaders.build_loaders(dataset(), dataset(), args, env)
         model = distributed.wrap_model(small_mlp(), env)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         epochs = []
         for epoch in range(1, EPOCHS + 1):
             train_loader.sampler.set_epoch(epoch)
-            epochs.append(engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch))
+            progress, stop = preemption.EpochProgress(), preemption.StopRequest()
+            epochs.append(
+                engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch, progress, stop)
+            )
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [p.detach().numpy().copy() for p in distributed.unwrap(model).parameters()],

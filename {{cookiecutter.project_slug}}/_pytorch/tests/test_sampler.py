@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, engine
+from {{ cookiecutter.project_slug }} import cli, engine, loaders
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 
 CPU = torch.device("cpu")
@@ -25,9 +25,9 @@ def samples_seen(loader) -> list[int]:
     return [int(i) for batch, _ in loader for i in batch]
 
 
-def loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
+def train_and_val_loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
     args = cli.parse_args(["--batch-size", str(batch_size), "--seed", "7"])
-    return engine.build_loaders(numbered(size), numbered(size), args, env_of(rank, world_size))
+    return loaders.build_loaders(numbered(size), numbered(size), args, env_of(rank, world_size))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -35,7 +35,7 @@ def loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
 def test_validation_shards_hold_every_sample_exactly_once_without_padding(size, world_size):
     seen = []
     for rank in range(world_size):
-        _, val_loader = loaders(size, rank, world_size)
+        _, val_loader = train_and_val_loaders(size, rank, world_size)
         seen += samples_seen(val_loader)
 
     assert sorted(seen) == list(range(size))
@@ -44,9 +44,9 @@ def test_validation_shards_hold_every_sample_exactly_once_without_padding(size, 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_shard_sampler_gives_every_index_once_for_odd_sizes(world_size):
     for size in (0, 1, 2, 7, 11, 101):
-        shards = [list(engine.ShardSampler(size, env_of(rank, world_size))) for rank in range(world_size)]
+        shards = [list(loaders.ShardSampler(size, env_of(rank, world_size))) for rank in range(world_size)]
         assert sorted(i for shard in shards for i in shard) == list(range(size))
-        assert sum(len(engine.ShardSampler(size, env_of(r, world_size))) for r in range(world_size)) == size
+        assert sum(len(loaders.ShardSampler(size, env_of(r, world_size))) for r in range(world_size)) == size
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -55,7 +55,7 @@ def test_training_shards_together_cover_the_dataset_every_epoch(world_size):
     for epoch in (1, 2, 3):
         shards = []
         for rank in range(world_size):
-            train_loader, _ = loaders(size, rank, world_size)
+            train_loader, _ = train_and_val_loaders(size, rank, world_size)
             train_loader.sampler.set_epoch(epoch)
             shards.append(samples_seen(train_loader))
 
@@ -72,7 +72,7 @@ def test_training_order_changes_every_epoch_and_is_the_same_in_every_process():
     for epoch in (1, 2):
         for rank in range(world_size):
             for attempt in ("first process", "restarted process"):
-                train_loader, _ = loaders(size, rank, world_size)
+                train_loader, _ = train_and_val_loaders(size, rank, world_size)
                 train_loader.sampler.set_epoch(epoch)
                 orders[epoch, rank, attempt] = samples_seen(train_loader)
 
@@ -89,7 +89,7 @@ def test_evaluate_reports_loss_and_accuracy_over_every_validation_sample_once():
     val_set = TensorDataset(logits, labels)
     args = cli.parse_args(["--batch-size", "4"])  # 10 samples: batches of 4, 4 and 2
     env = env_of(0, 1)
-    _, val_loader = engine.build_loaders(val_set, val_set, args, env)
+    _, val_loader = loaders.build_loaders(val_set, val_set, args, env)
 
     stats = engine.evaluate(nn.Identity(), val_loader, env, use_amp=False)
 
@@ -103,7 +103,7 @@ def test_evaluate_leaves_the_model_in_eval_mode_and_does_not_train_it():
     weights = model.weight.detach().clone()
     val_set = TensorDataset(torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1]))
     env = env_of(0, 1)
-    _, val_loader = engine.build_loaders(val_set, val_set, cli.parse_args(["--batch-size", "4"]), env)
+    _, val_loader = loaders.build_loaders(val_set, val_set, cli.parse_args(["--batch-size", "4"]), env)
 
     engine.evaluate(model, val_loader, env, use_amp=False)
 

@@ -1,7 +1,8 @@
 """Checkpoints: written by global rank 0 only, atomically; read back on every rank.
 
 DIR/checkpoints/last.pt holds everything needed to continue (model, optimizer,
-scheduler, AMP scaler, epoch, best accuracy, every rank's RNG states);
+scheduler, AMP scaler, epochs done, best accuracy, every rank's RNG states,
+and, after a SIGTERM stop, how far each rank is into the next epoch);
 best.pt is a copy of the epoch with the best validation accuracy. Files are
 written to a temporary name and os.replace()d, so a crash mid-save leaves the
 previous checkpoint intact. They load with torch.load(weights_only=True).
@@ -21,11 +22,12 @@ import torch
 from . import distributed
 from .distributed import DistEnv
 from .errors import UserError
+from .preemption import EpochProgress
 
 log = logging.getLogger(__name__)
 
 LAST, BEST = "last.pt", "best.pt"
-STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng")
+STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng", "progress")
 
 
 class Checkpointer:
@@ -38,9 +40,12 @@ class Checkpointer:
     def last_path(self) -> Path:
         return self.directory / LAST
 
-    def save(self, epoch: int, best_acc: float, is_best: bool) -> None:
-        """Called on every rank (RNG states are gathered); only rank 0 writes."""
-        rng_states = distributed.all_gather_object(capture_rng())
+    def save(self, epoch: int, best_acc: float, is_best: bool, progress: EpochProgress | None = None) -> None:
+        """Save after `epoch` epochs, plus `progress` into the next when a stop interrupts it.
+
+        Called on every rank (RNG states and progress are gathered); only rank 0 writes.
+        """
+        per_rank = distributed.all_gather_object((capture_rng(), (progress or EpochProgress()).to_dict()))
         if not self.env.is_main:
             return
         state = {
@@ -50,35 +55,37 @@ class Checkpointer:
             "scaler": self.scaler.state_dict(),
             "epoch": epoch,
             "best_acc": best_acc,
-            "rng": rng_states,
+            "rng": [rng for rng, _ in per_rank],
+            "progress": [rank_progress for _, rank_progress in per_rank],
         }
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_save(state, self.last_path)
         if is_best:
             atomic_copy(self.last_path, self.directory / BEST)
 
-    def resume(self, how: str) -> tuple[int, float]:
-        """Load the checkpoint `how` names (auto, none or a path); return (epoch done, best accuracy).
+    def resume(self, how: str) -> tuple[int, float, EpochProgress]:
+        """Load the checkpoint `how` names (auto, none or a path).
 
-        Every rank loads it, and all must find the same epoch: a machine that cannot see
-        the checkpoint would otherwise start afresh and train a different model.
+        Returns the epochs done, the best accuracy and this rank's progress into the next
+        epoch. Every rank loads it, and all must find the same point: a machine that cannot
+        see the checkpoint would otherwise start afresh and train a different model.
         """
-        epoch, best_acc = self._load(how)
-        epochs = distributed.all_gather_object(epoch)
-        if len(set(epochs)) > 1:
+        epoch, best_acc, progress = self._load(how)
+        points = distributed.all_gather_object((epoch, progress.step))
+        if len(set(points)) > 1:
             raise UserError(
-                f"ranks found checkpoints of different epochs ({epochs}) in {self.directory}: give every machine "
-                "the same --output-dir on a shared filesystem, or copy the checkpoints to each"
+                f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
+                "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
             )
-        return epoch, best_acc
+        return epoch, best_acc, progress
 
-    def _load(self, how: str) -> tuple[int, float]:
+    def _load(self, how: str) -> tuple[int, float, EpochProgress]:
         if how == "none":
-            return 0, 0.0
+            return 0, 0.0, EpochProgress()
         path = self.last_path if how == "auto" else Path(how)
         if not path.exists():
             if how == "auto":
-                return 0, 0.0
+                return 0, 0.0, EpochProgress()
             raise UserError(f"checkpoint {path} not found: pass --resume auto, none, or an existing file")
         state = load_checkpoint(path, self.env.device)
         try:
@@ -91,14 +98,20 @@ class Checkpointer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        progress = EpochProgress()
         if len(state["rng"]) == self.env.world_size:
             restore_rng(state["rng"][self.env.rank])
+            progress = EpochProgress(**state["progress"][self.env.rank])
         else:
             log.warning(
-                "world size changed from %d to %d: random streams start afresh", len(state["rng"]), self.env.world_size
-            )
-        log.info("resumed from %s (epoch %d)", path, state["epoch"])
-        return state["epoch"], state["best_acc"]
+                "world size changed from %d to %d: random streams start afresh, and a stopped epoch from its start",
+                len(state["rng"]), self.env.world_size,
+            )  # fmt: skip
+        if progress.step:
+            log.info("resumed from %s (epoch %d, step %d)", path, state["epoch"] + 1, progress.step)
+        else:
+            log.info("resumed from %s (epoch %d)", path, state["epoch"])
+        return state["epoch"], state["best_acc"], progress
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict:

@@ -2,7 +2,7 @@
 
 build_datasets(args) returns (train_set, val_set, num_classes); each set is a
 map-style dataset of (image tensor, class index) pairs. Sampling, sharding
-across ranks and batching are done for you in engine.build_loaders().
+across ranks and batching are done for you in loaders.build_loaders().
 """
 
 from pathlib import Path

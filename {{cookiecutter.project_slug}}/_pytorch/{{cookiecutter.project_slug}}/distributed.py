@@ -7,6 +7,7 @@ does any communication: single process is just the default case.
 """
 
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from .errors import UserError
+from .errors import STOPPED_STATUS, UserError
 from .settings import LAUNCHER
 
 
@@ -119,11 +120,21 @@ def launch(worker, args) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # One machine: any free port. Several: the port all machines were told (run.sh's default too).
     os.environ.setdefault("MASTER_PORT", str(free_port()) if nnodes == 1 else "29500")
+    ranks = mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=False)
+    # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
+    signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))
     try:
-        mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=True)
-    except mp.ProcessExitedException:
-        # The failing worker has already printed its own error.
-        sys.exit(1)
+        while not ranks.join():
+            pass
+    except mp.ProcessExitedException as exited:
+        # The ranks have already printed why: their error, or where they stopped.
+        sys.exit(STOPPED_STATUS if exited.exit_code == STOPPED_STATUS else 1)
+
+
+def _forward(signum: int, processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            os.kill(process.pid, signum)
 
 
 def launched_as_rank() -> bool:

@@ -1,4 +1,4 @@
-"""The training and evaluation loops, and the data loaders that feed them.
+"""The training and evaluation loops.
 
 Per step there is no host synchronisation: the running loss stays on the
 device and is read every --log-every steps only.
@@ -13,61 +13,38 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from . import distributed
 from .distributed import DistEnv
+from .preemption import EpochProgress, StopRequest
 
 log = logging.getLogger(__name__)
 
 
-class ShardSampler(Sampler):
-    """Rank r takes samples r, r + world, r + 2*world, ...: every sample exactly once, no padding.
-
-    DistributedSampler pads shards to equal length with repeated samples, which
-    would count some validation samples twice.
-    """
-
-    def __init__(self, dataset_size: int, env: DistEnv):
-        self.indices = range(env.rank, dataset_size, env.world_size)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
-    """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
-    train_sampler = DistributedSampler(
-        train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed
-    )
-    common = dict(
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        pin_memory=env.device.type == "cuda",
-        persistent_workers=args.workers > 0,
-    )
-    train_loader = DataLoader(train_set, sampler=train_sampler, **common)
-    val_loader = DataLoader(val_set, sampler=ShardSampler(len(val_set), env), **common)
-    return train_loader, val_loader
-
-
-def progress(iterable, env: DistEnv, desc: str):
+def progress_bar(iterable, env: DistEnv, desc: str):
     """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
     return tqdm(iterable, desc=desc, leave=False, disable=not (env.is_main and sys.stderr.isatty()))
 
 
-def train_one_epoch(model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int) -> dict:
-    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks."""
+def train_one_epoch(
+    model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int, progress: EpochProgress,
+    stop: StopRequest,
+) -> dict | None:  # fmt: skip
+    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks.
+
+    The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
+    `stop` asks for it, the pass ends early after an optimizer step: `progress` then says where,
+    and the return value is None.
+    """
     model.train()
-    loss_sum = torch.zeros((), device=env.device)
-    seen = 0
-    steps = len(loader)
+    loss_sum = torch.tensor(progress.loss_sum, device=env.device)
+    seen = progress.seen
+    loader.sampler.skip = progress.step * args.batch_size
+    steps = progress.step + len(loader)
     use_amp = scaler.is_enabled()
-    for step, (images, labels) in enumerate(progress(loader, env, f"epoch {epoch}"), start=1):
+    for step, (images, labels) in enumerate(progress_bar(loader, env, f"epoch {epoch}"), start=progress.step + 1):
         images = images.to(env.device, non_blocking=True)
         labels = labels.to(env.device, non_blocking=True)
         steps_now = step % args.grad_accum == 0 or step == steps
@@ -85,6 +62,10 @@ def train_one_epoch(model, loader: DataLoader, optimizer, scaler, env: DistEnv, 
         seen += len(labels)
         if step % args.log_every == 0 and env.is_main:
             log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, loss_sum.item() / seen)
+        # The last step needs no check: run.py checks again once the epoch is saved.
+        if steps_now and step < steps and stop.stop_now(env):
+            progress.step, progress.loss_sum, progress.seen = step, loss_sum.item(), seen
+            return None
     total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
     # DistributedSampler repeats a few samples so every rank gets as many; they are not distinct.
     padding = loader.sampler.total_size - len(loader.dataset)

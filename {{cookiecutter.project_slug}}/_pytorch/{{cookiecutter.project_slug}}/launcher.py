@@ -11,22 +11,33 @@ import sys
 import warnings
 
 from torch.distributed import DistStoreError
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from .errors import STOPPED_STATUS
 
 
 def main(launcher: str) -> None:
-    # Its log lines on a failure (stopping the other workers, the exit code) repeat the line printed below.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     if launcher == "launch":
         # Deprecated upstream, still what some platforms call: its notice says nothing about this run.
         warnings.filterwarnings("ignore", category=FutureWarning)
         from torch.distributed.launch import main as start
     else:
         from torch.distributed.run import main as start
+    # Its log lines on a failure or a SIGTERM (stopping the workers, the exit code) repeat what the
+    # workers and this module print. Each of its modules sets its own logger's level.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         start()  # parses sys.argv, as the command would
+    except SignalException:
+        # The workers heard it too, saved and printed where they stopped.
+        sys.exit(STOPPED_STATUS)
     except ChildFailedError as failure:
         rank, first = failure.get_first_failure()
+        if first.exitcode == STOPPED_STATUS:  # the workers were signalled themselves (SLURM signals every process)
+            sys.exit(STOPPED_STATUS)
         how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
     except DistStoreError as error:
