@@ -38,7 +38,7 @@ def remove_paddle_variants() -> None:
 
 
 def remove_launcher_module(package: str) -> None:
-    """PyTorch with spawn: run.py starts its own processes, no torchrun to wrap."""
+    """spawn: run.py starts its own processes, no launcher to wrap."""
     Path(package, "launcher.py").unlink()
 
 
@@ -56,7 +56,7 @@ def remove_sample_data() -> None:
 def main(answers: dict) -> None:
     use_framework_files(answers["framework"])
     remove_framework_dirs()
-    if answers["framework"] == "pytorch" and answers["launcher"] == "spawn":
+    if answers["launcher"] == "spawn":
         remove_launcher_module(answers["project_slug"])
     if answers["framework"] == "paddle":
         package = answers["project_slug"]

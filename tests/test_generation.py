@@ -31,8 +31,8 @@ JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
 def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
     files = set(ROOT_FILES)
     files |= {f"{slug}/{name}.py" for name in SHARED_PACKAGE | FRAMEWORK_PACKAGE}
-    if answers["framework"] == "pytorch" and answers["launcher"] != "spawn":
-        files.add(f"{slug}/launcher.py")  # runs torchrun / torch.distributed.launch for run.sh
+    if answers["launcher"] != "spawn":
+        files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
     if answers["dataset"] == "zip":
         files.add("data/digits.zip")

@@ -188,15 +188,29 @@ def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "launch"])
-def test_a_machine_that_never_joins_ends_the_job_after_join_timeout(bake, launcher):
-    project = bake(nodes="multi", launcher=launcher, dataset="synthetic")
+@pytest.mark.parametrize(
+    "answers, last_line",
+    [
+        ({"framework": "pytorch", "launcher": "torchrun"}, "1/2 clients joined"),
+        ({"framework": "pytorch", "launcher": "launch"}, "1/2 clients joined"),
+        ({"framework": "pytorch", "launcher": "spawn"}, "did not all join within --dist-timeout 10 s"),
+        ({"framework": "paddle", "launcher": "launch"}, "did not all join within JOIN_TIMEOUT=10 s"),
+        ({"framework": "paddle", "launcher": "fleetrun"}, "did not all join within JOIN_TIMEOUT=10 s"),
+    ],
+    ids=lambda value: "-".join(value.values()) if isinstance(value, dict) else "",
+)
+def test_a_machine_that_never_joins_ends_the_job_after_its_timeout(bake, answers, last_line):
+    project = bake(nodes="multi", dataset="synthetic", **answers)
     env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_PORT": str(free_port()), "JOIN_TIMEOUT": "10"}
+    started = time.monotonic()
 
-    result = run(["bash", "run.sh", "--epochs", "1"], project, timeout=60, NPROC_PER_NODE="1", **env)
+    result = run(["bash", "run.sh", "--dist-timeout", "10"], project, timeout=60, NPROC_PER_NODE="1", **env)
 
     assert result.returncode != 0
-    assert "1/2 clients joined" in result.stderr.strip().splitlines()[-1]
+    assert time.monotonic() - started < 40
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and last_line in lines[-1], result.stderr[-2000:]
+    assert processes_working_in(project) == []
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@
 #   NODE_RANK       this machine's index, 0 .. NNODES-1 (default 0)
 #   MASTER_ADDR     address of machine 0, reachable from all (default 127.0.0.1)
 #   MASTER_PORT     a free port on machine 0, the same everywhere (default 29500)
-{%- if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
+{%- if cookiecutter.launcher != "spawn" %}
 #   JOIN_TIMEOUT    seconds the machines wait for each other at start before giving up (default 900)
 {%- endif %}
 {%- else %}
@@ -33,7 +33,7 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
-{%- if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
+{%- if cookiecutter.launcher != "spawn" %}
 JOIN_TIMEOUT=${JOIN_TIMEOUT:-900}
 {%- endif %}
 # Machine 0 hosts the rendezvous on MASTER_PORT: a busy port would fail late, or make it wait forever.
@@ -123,14 +123,13 @@ if ((NNODES > 1)); then
   # (Simulating machines on one, start machine 0 first or together: there any of them may host the master.)
   log_dir+="/node$NODE_RANK"
   launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES" --rank "$NODE_RANK")
+  export JOIN_TIMEOUT
 fi
 {%- endif %}
+rm -f "$log_dir"/workerlog.* # launcher.py takes a new workerlog.0 as the sign that every machine joined
+# {{ cookiecutter.project_slug }}/launcher.py runs paddle.distributed.launch{{ " (what fleetrun runs too)" if cookiecutter.launcher == "fleetrun" }} in-process{{ ", and gives up after JOIN_TIMEOUT" if cookiecutter.nodes == "multi" }}.
 # paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
-{%- if cookiecutter.launcher == "launch" %}
-python -W "ignore:No ccache found" -m paddle.distributed.launch "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" &
-{%- else %}
-PYTHONWARNINGS="ignore:No ccache found" fleetrun "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" &
-{%- endif %}
+python -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" &
 launcher=$!
 # Kubernetes sends SIGTERM to this script only: pass it on, so that the workers save and stop.
 stopped=0

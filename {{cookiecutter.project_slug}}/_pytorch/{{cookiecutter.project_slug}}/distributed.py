@@ -6,6 +6,7 @@ SLURM_PROCID, ...). With none set, this is rank 0 of 1 and nothing here
 does any communication: single process is just the default case.
 """
 
+import logging
 import os
 import signal
 import socket
@@ -60,13 +61,19 @@ def setup(device: str = "auto", timeout_s: float = 1800.0, local_rank_flag: int 
     else:
         this_device = torch.device("cpu")
     if world_size > 1:
-        dist.init_process_group(
-            backend="nccl" if use_gpu else "gloo",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
-            device_id=this_device if use_gpu else None,
-        )
+        try:
+            dist.init_process_group(
+                backend="nccl" if use_gpu else "gloo",
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout_s),
+                device_id=this_device if use_gpu else None,
+            )
+        except dist.DistStoreError as error:  # the spawn launcher's wait for the other machines, mostly
+            raise UserError(
+                f"the processes did not all join within --dist-timeout {timeout_s:g} s ({error}): start run.sh on "
+                "every machine with the same NNODES, MASTER_ADDR and MASTER_PORT"
+            ) from None
     return DistEnv(rank, local_rank, world_size, this_device)
 
 
@@ -120,6 +127,8 @@ def launch(worker, args) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # One machine: any free port. Several: the port all machines were told (run.sh's default too).
     os.environ.setdefault("MASTER_PORT", str(free_port()) if nnodes == 1 else "29500")
+    # After a rank fails, spawn logs that it terminates each other one: the failed rank's own error says more.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     ranks = mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=False)
     # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))

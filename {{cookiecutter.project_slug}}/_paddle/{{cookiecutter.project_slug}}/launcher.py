@@ -1,0 +1,43 @@
+"""paddle.distributed.launch (fleetrun is the same entry point), with a limit on the wait for the other machines.
+
+run.sh starts it as `python -m <package>.launcher [launch flags] --log_dir DIR run.py [ARGS]`.
+The launcher runs in this very process, so signals reach it as they would reach the command.
+Once every machine has joined, it starts the workers, and the first one's log, DIR/workerlog.0,
+appears; if that has not happened JOIN_TIMEOUT seconds after the start, a machine is missing.
+"""
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    # While the machines gather, paddle logs each poll of the master (two a second) at INFO level.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
+    if join_timeout > 0:
+        first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
+        threading.Thread(target=give_up_unless_started, args=(first_log, join_timeout), daemon=True).start()
+    from paddle.distributed.launch.main import launch
+
+    launch()
+
+
+def give_up_unless_started(first_log: Path, join_timeout: float) -> None:
+    deadline = time.monotonic() + join_timeout
+    while not first_log.exists():
+        if time.monotonic() > deadline:
+            sys.stderr.write(
+                f"error: the machines did not all join within JOIN_TIMEOUT={join_timeout:g} s: start run.sh on "
+                "every machine with the same NNODES, MASTER_ADDR and MASTER_PORT, or raise JOIN_TIMEOUT\n"
+            )
+            sys.stderr.flush()
+            os._exit(1)  # from this thread, while launch() waits in the main one; no worker has started yet
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    main()
