@@ -1,12 +1,14 @@
 # The README's two Quick-start commands:
 #   make run    set up, bake the default project, train it with 2 processes on its sample data
 #   make test   set up, run the whole test suite (what CI runs)
+# and, for the template's developers:
+#   make bench  set up, run every benchmark, write benchmarks/RESULTS.md and benchmarks/parity.png
 PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 DEMO := build/dist_train
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +26,11 @@ run: setup
 
 test: setup
 	PATH="$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# matplotlib draws the chart; only the benchmarks need it.
+bench: setup
+	$(BIN)/pip install --quiet --disable-pip-version-check matplotlib
+	cd benchmarks && PATH="$(BIN):$$PATH" $(BIN)/python run_all.py
 
 lint: setup
 	$(BIN)/pre-commit run --all-files

@@ -210,7 +210,7 @@ def test_a_machine_that_never_joins_ends_the_job_after_its_timeout(bake, answers
     assert time.monotonic() - started < 40
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and last_line in lines[-1], result.stderr[-2000:]
-    assert processes_working_in(project) == []
+    assert processes_left_in(project) == []
 
 
 @pytest.mark.parametrize(
@@ -280,19 +280,26 @@ def test_a_rank_that_raises_ends_the_job_quickly_and_shows_its_error(bake, tmp_p
     assert result.returncode != 0
     assert time.monotonic() - started < 30
     assert "RuntimeError: rank 1 failed on purpose" in result.stdout + result.stderr
-    assert processes_working_in(project) == []
+    assert processes_left_in(project) == []
 
 
-def processes_working_in(folder: Path) -> list[int]:
-    """Pids of live processes whose working directory is `folder` (run.sh and every worker it starts)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == folder.resolve():
-                pids.append(int(proc.name))
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return pids
+def processes_left_in(folder: Path, grace_s: float = 5.0) -> list[str]:
+    """Command lines of live processes working in `folder` (run.sh and all it starts), once given `grace_s` to end.
+
+    The grace covers helpers that end just after the job, such as multiprocessing's resource tracker.
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == folder.resolve():
+                    left.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def start_job(project: Path, *args: str) -> subprocess.Popen:
@@ -381,7 +388,7 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
 
     assert job.returncode == 143
     assert seconds < 15
-    assert processes_working_in(project) == []
+    assert processes_left_in(project) == []
     log = (output / "train.log").read_text(encoding="utf-8")
     stopped_at = int(log.split("stopped by SIGTERM after epoch 1 step ")[1].split(";")[0])
     assert 10 <= stopped_at < 45  # the next step boundary, before the end of the epoch (45 steps)

@@ -1,0 +1,87 @@
+"""Archive extraction: a baked project's ensure_extracted() against `unzip -q` and zipfile.extractall().
+
+The archive is generated: about 20,000 small files of random bytes (which, like JPEG or PNG
+images, do not compress) in train/<class>/ and val/<class>/ folders, about 200 MB. Each
+repetition extracts it with the three tools in turn into fresh folders; the figures are
+throughput ratios to unzip in the same repetition. Then a second start: ensure_extracted() on
+the folder it already filled, which must only check its marker.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from common import bake, summary
+
+FILES, FILE_BYTES = 20_000, 10_000
+
+
+def make_archive(path: Path) -> int:
+    if path.exists():
+        return path.stat().st_size
+    rng = random.Random(0)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for index in range(FILES):
+            split = "val" if index % 5 == 0 else "train"
+            archive.writestr(f"{split}/class{index % 10}/image{index:05d}.png", rng.randbytes(FILE_BYTES))
+    return path.stat().st_size
+
+
+def timed(action) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--work", type=Path, default=Path("build/bench"))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    return measure(args.work, args.repeats)
+
+
+def measure(work: Path, repeats: int) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    archive = work / "many_files.zip"
+    archive_bytes = make_archive(archive)
+    project = bake(work / "projects" / "archive", dataset="zip")
+    sys.path.insert(0, str(project))
+    from dist_train.archive import ensure_extracted
+
+    targets = {name: work / "extract" / name for name in ("unzip", "extractall", "baked")}
+    seconds = {name: [] for name in targets}
+    for repeat in range(repeats):
+        print(f"[archive] repeat {repeat + 1}/{repeats}", flush=True)
+        for target in targets.values():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+        os.sync()  # the previous repetition's writes must not slow down this one's
+        seconds["unzip"].append(
+            timed(lambda: subprocess.run(["unzip", "-q", str(archive), "-d", str(targets["unzip"])], check=True))
+        )
+        with zipfile.ZipFile(archive) as opened:
+            seconds["extractall"].append(timed(lambda: opened.extractall(targets["extractall"])))
+        seconds["baked"].append(timed(lambda: ensure_extracted(archive, targets["baked"], show_progress=False)))
+    second_start = [timed(lambda: ensure_extracted(archive, targets["baked"], show_progress=False)) for _ in range(5)]
+    return {
+        "files": FILES,
+        "archive_mb": archive_bytes / 1e6,
+        "seconds": {name: summary(values) for name, values in seconds.items()},
+        "throughput_vs_unzip": {
+            name: summary([u / s for u, s in zip(seconds["unzip"], values, strict=True)])
+            for name, values in seconds.items()
+        },
+        "second_start_s": summary(second_start),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))

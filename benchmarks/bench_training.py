@@ -1,0 +1,152 @@
+"""Training parity, start-up and memory: baked projects against the plain reference loops.
+
+For each framework, one baked project per launcher and the reference (reference_<framework>.py,
+started by the framework's own launcher) train the same model on the same sample data with the
+same seed, batch and epochs, 2 processes on CPU. Runs are interleaved, repetition by repetition,
+so that drifts of a noisy machine hit every configuration alike. Figures per configuration:
+- epoch time (training and validation, as metrics.jsonl records it; epoch 1 left out as warm-up),
+  as a ratio to the reference's in the same repetition;
+- the largest relative difference of the per-epoch training loss to the reference's;
+- peak resident memory of a rank, as a ratio to the reference's, and its growth over the run;
+- start-up: seconds from starting the command to the end of the first training step, minus the
+  reference's (separate one-epoch runs, the archive already extracted).
+"""
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+
+from common import Watched, bake, summary, tool_env
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = [  # (name, framework, answers); the reference of each framework comes first
+    ("PyTorch reference (torchrun)", "pytorch", None),
+    ("PyTorch torchrun", "pytorch", {"launcher": "torchrun"}),
+    ("PyTorch launch", "pytorch", {"launcher": "launch"}),
+    ("PyTorch spawn", "pytorch", {"launcher": "spawn"}),
+    ("Paddle reference (launch)", "paddle", None),
+    ("Paddle launch", "paddle", {"launcher": "launch"}),
+    ("Paddle spawn", "paddle", {"launcher": "spawn"}),
+    ("Paddle fleetrun", "paddle", {"launcher": "fleetrun"}),
+    ("Paddle launch, high-level API", "paddle", {"launcher": "launch", "paddle_api": "highlevel"}),
+]
+ENV = {"NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1"}  # run.sh's share of 2 cores for 2 processes
+
+
+def reference_command(framework: str, args: list[str], log_dir: Path) -> list[str]:
+    script = str(HERE / f"reference_{framework}.py")
+    if framework == "pytorch":
+        return ["torchrun", "--standalone", "--nproc-per-node", "2", script, *args]
+    return [
+        "python",
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(log_dir),
+        script,
+        *args,
+    ]
+
+
+def run_config(
+    project: Path, framework: str, answers, epochs: int, output: Path, log_every: int
+) -> tuple[Watched, list]:
+    shutil.rmtree(output, ignore_errors=True)
+    if answers is None:
+        args = ["--data-dir", "data/digits", "--epochs", str(epochs)]
+        watched = Watched(reference_command(framework, args, output), project, tool_env(PYTHONPATH=str(project), **ENV))
+        records = [json.loads(line) for _, line in watched.lines if line.startswith('{"epoch"')]
+    else:
+        args = ["--epochs", str(epochs), "--output-dir", str(output), "--log-every", str(log_every)]
+        watched = Watched(["bash", "run.sh", *args], project, tool_env(**ENV))
+        records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return watched, records
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--work", type=Path, default=Path("build/bench"))
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    return measure(args.work, args.epochs, args.repeats)
+
+
+def measure(work: Path, epochs: int, repeats: int) -> dict:
+    projects = {}
+    for name, framework, answers in CONFIGS:
+        projects[name] = bake(work / "projects" / str(len(projects)), framework=framework, **(answers or {}))
+        # Extract the sample archive once, with the project's own code, as its first run would.
+        extract = "from dist_train.archive import ensure_extracted as e; e('data/digits.zip', 'data/digits')"
+        subprocess.run(["python", "-c", extract], cwd=projects[name], env=tool_env(), check=True)
+
+    runs = {name: [] for name, _, _ in CONFIGS}
+    starts = {name: [] for name, _, _ in CONFIGS}
+    for repeat in range(repeats):
+        for name, framework, answers in CONFIGS:
+            output = work / "runs" / name.replace(" ", "_")
+            print(f"[training] repeat {repeat + 1}/{repeats}: {name}", flush=True)
+            watched, records = run_config(projects[name], framework, answers, epochs, output, log_every=1000)
+            runs[name].append((watched, records))
+            watched, _ = run_config(projects[name], framework, answers, 1, output, log_every=1)
+            starts[name].append(watched.first("first step" if answers is None else "epoch 1 step 1/"))
+
+    results = {}
+    for name, framework, answers in CONFIGS:
+        reference = next(n for n, f, a in CONFIGS if f == framework and a is None)
+        epoch_ratios, memory_ratios, growth, loss_diff = [], [], [], 0.0
+        for (watched, records), (ref_watched, ref_records) in zip(runs[name], runs[reference], strict=True):
+            epoch_ratios.append(median_epoch(records) / median_epoch(ref_records))
+            memory_ratios.append(peak_rss(watched) / peak_rss(ref_watched))
+            growth.append(rss_growth(watched))
+            loss_diff = max(
+                loss_diff,
+                *(
+                    abs(a["train_loss"] - b["train_loss"]) / abs(b["train_loss"])
+                    for a, b in zip(records, ref_records, strict=True)
+                ),
+            )
+        startup_extra = [s - r for s, r in zip(starts[name], starts[reference], strict=True)]
+        results[name] = {
+            "framework": framework,
+            "reference": answers is None,
+            "epoch_s": summary([median_epoch(records) for _, records in runs[name]]),
+            "epoch_ratio": summary(epoch_ratios),
+            "loss_rel_diff": loss_diff,
+            "epochs": len(runs[name][0][1]),
+            "final_val_acc": runs[name][0][1][-1]["val_acc"],
+            "peak_rss_mb": summary([peak_rss(w) / 1e6 for w, _ in runs[name]]),
+            "rss_ratio": summary(memory_ratios),
+            "rss_growth": summary(growth),
+            "startup_s": summary(starts[name]),
+            "startup_extra_s": summary(startup_extra),
+            "run_s": summary([w.seconds for w, _ in runs[name]]),
+        }
+    return results
+
+
+def median_epoch(records: list[dict]) -> float:
+    return statistics.median(record["epoch_time_s"] for record in records[1:])
+
+
+def peak_rss(watched: Watched) -> float:
+    return max(rss for samples in watched.rss.values() for _, rss in samples)
+
+
+def rss_growth(watched: Watched) -> float:
+    """Per rank, the median memory of the run's last quarter over that of its second quarter; the largest."""
+    ratios = []
+    for samples in watched.rss.values():
+        values = [rss for _, rss in samples]
+        quarter = len(values) // 4
+        ratios.append(statistics.median(values[3 * quarter :]) / statistics.median(values[quarter : 2 * quarter]))
+    return max(ratios)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))

@@ -1,0 +1,76 @@
+"""The plain reference: a paddle.DataParallel loop as Paddle's data-parallel guide writes it.
+
+Run with python -m paddle.distributed.launch from a baked project's folder, so that it trains the
+project's own model on its own data (build_model, build_datasets) with the same seed, batch and
+epochs; everything else (sampler, wrapper, Momentum, a cosine learning rate stepped per epoch,
+validation) is written here. Rank 0 prints one JSON line per epoch, and "first step" after the
+first optimizer step.
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+from types import SimpleNamespace
+
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from dist_train.data import build_datasets
+from dist_train.model import build_model
+from paddle.io import DataLoader, DistributedBatchSampler
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data-dir", required=True)
+parser.add_argument("--epochs", type=int, default=10)
+parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--lr", type=float, default=0.05)
+parser.add_argument("--seed", type=int, default=0)
+args = parser.parse_args()
+
+paddle.set_device("cpu")
+os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"
+dist.init_parallel_env()
+rank = dist.get_rank()
+train_set, val_set, num_classes = build_datasets(
+    SimpleNamespace(synthetic=False, data_dir=args.data_dir, seed=args.seed)
+)
+train_sampler = DistributedBatchSampler(train_set, args.batch_size, shuffle=True)
+train_loader = DataLoader(train_set, batch_sampler=train_sampler)
+val_loader = DataLoader(val_set, batch_sampler=DistributedBatchSampler(val_set, args.batch_size, shuffle=False))
+
+paddle.seed(args.seed)
+model = paddle.DataParallel(build_model(num_classes))
+scheduler = paddle.optimizer.lr.LambdaDecay(args.lr, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
+optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=model.parameters())
+
+first_step = True
+for epoch in range(1, args.epochs + 1):
+    started = time.perf_counter()
+    train_sampler.set_epoch(epoch)
+    model.train()
+    loss_sum, seen = 0.0, 0
+    for images, labels in train_loader:
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        loss_sum += loss.item() * len(labels)
+        seen += len(labels)
+        if first_step and rank == 0:
+            print("first step", flush=True)
+        first_step = False
+    model.eval()
+    correct, total = 0, 0
+    with paddle.no_grad():
+        for images, labels in val_loader:
+            correct += (model._layers(images).argmax(1) == labels).astype("int64").sum().item()
+            total += len(labels)
+    totals = paddle.to_tensor([loss_sum, seen, correct, total], dtype="float64")
+    dist.all_reduce(totals)
+    scheduler.step()
+    if rank == 0:
+        totals = totals.tolist()
+        record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
+        print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
