@@ -53,17 +53,22 @@ def reference_command(framework: str, args: list[str], log_dir: Path) -> list[st
     ]
 
 
-def run_config(
-    project: Path, framework: str, answers, epochs: int, output: Path, log_every: int
-) -> tuple[Watched, list]:
+def run_config(project: Path, framework: str, answers, epochs: int, output: Path, log_every: int) -> tuple[Watched, list]:
+    """Train one configuration; returns the watched run (first_step_s: when its first step ended) and its epochs."""
     shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
     if answers is None:
-        args = ["--data-dir", "data/digits", "--epochs", str(epochs)]
-        watched = Watched(reference_command(framework, args, output), project, tool_env(PYTHONPATH=str(project), **ENV))
-        records = [json.loads(line) for _, line in watched.lines if line.startswith('{"epoch"')]
+        first_step = (output / "first_step", "first step")
+        args = ["--data-dir", "data/digits", "--epochs", str(epochs), "--first-step-file", str(first_step[0])]
+        command, env = reference_command(framework, args, output), tool_env(PYTHONPATH=str(project), **ENV)
     else:
-        args = ["--epochs", str(epochs), "--output-dir", str(output), "--log-every", str(log_every)]
-        watched = Watched(["bash", "run.sh", *args], project, tool_env(**ENV))
+        first_step = (output / "train.log", "epoch 1 step 1/")
+        command = ["bash", "run.sh", "--epochs", str(epochs), "--output-dir", str(output), "--log-every", str(log_every)]
+        env = tool_env(**ENV)
+    watched = Watched(command, project, env, watch=first_step)
+    if answers is None:
+        records = [json.loads(line) for line in watched.output.splitlines() if line.startswith('{"epoch"')]
+    else:
         records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     return watched, records
 
@@ -94,7 +99,7 @@ def measure(work: Path, epochs: int, repeats: int) -> dict:
             watched, records = run_config(projects[name], framework, answers, epochs, output, log_every=1000)
             runs[name].append((watched, records))
             watched, _ = run_config(projects[name], framework, answers, 1, output, log_every=1)
-            starts[name].append(watched.first("first step" if answers is None else "epoch 1 step 1/"))
+            starts[name].append(watched.seen_at)
 
     results = {}
     for name, framework, answers in CONFIGS:

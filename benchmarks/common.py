@@ -1,6 +1,7 @@
 """What every benchmark needs: baking, running a command while watching it, and robust summaries."""
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -13,14 +14,16 @@ BIN = Path(sys.executable).parent
 
 
 def tool_env(**extra: str) -> dict:
-    """The environment of a user who activated the template's .venv, on CPU."""
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")
+    """The environment of a user who activated the template's .venv."""
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     return env | extra
 
 
 def bake(output: Path, **answers: str) -> Path:
+    """A fresh project in `output`, which is emptied first."""
     from cookiecutter.main import cookiecutter
 
+    shutil.rmtree(output, ignore_errors=True)
     return Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output), extra_context=answers))
 
 
@@ -33,41 +36,51 @@ def fmt(stats: dict, digits: int = 3) -> str:
 
 
 class Watched:
-    """A command run to its end, with each stdout line's arrival time and every rank's memory over time.
+    """A command run to its end: its output, every rank's memory over time, and when a file first held a text.
 
-    Ranks are the command's python processes that start no others and hold over 150 MB (the
-    launchers and spawn's helpers either have children or stay small).
+    Ranks are the command's processes that start no others and hold over 150 MB (the launchers
+    and spawn's helpers either have children or stay small).
     """
 
-    def __init__(self, command: list[str], cwd: Path, env: dict, sample_every: float = 0.1):
+    def __init__(self, command: list[str], cwd: Path, env: dict, watch: tuple[Path, str] | None = None):
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        self.lines: list[tuple[float, str]] = []
         self.rss: dict[int, list[tuple[float, int]]] = {}
-        sampler = threading.Thread(target=self._sample, args=(sample_every,), daemon=True)
-        sampler.start()
-        for line in self.process.stdout:
-            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
+        self.seen_at: float | None = None
+        threads = [threading.Thread(target=self._sample_memory, daemon=True)]
+        if watch:
+            threads.append(threading.Thread(target=self._watch, args=watch, daemon=True))
+        for thread in threads:
+            thread.start()
+        self.output = self.process.stdout.read()
         self.returncode = self.process.wait()
         self.seconds = time.monotonic() - self.started
-        sampler.join()
+        for thread in threads:
+            thread.join()
         if self.returncode != 0:
-            tail = "\n".join(line for _, line in self.lines[-30:])
+            tail = "\n".join(self.output.splitlines()[-30:])
             raise RuntimeError(f"{' '.join(command)} failed with status {self.returncode}:\n{tail}")
 
-    def first(self, text: str) -> float:
-        return next(at for at, line in self.lines if text in line)
-
-    def _sample(self, every: float) -> None:
+    def _sample_memory(self) -> None:
         while self.process.poll() is None:
             now = time.monotonic() - self.started
             for pid in descendants(self.process.pid):
                 rss = resident_bytes(pid)
                 if rss > 150e6 and not children(pid):
                     self.rss.setdefault(pid, []).append((now, rss))
-            time.sleep(every)
+            time.sleep(0.1)
+
+    def _watch(self, path: Path, text: str) -> None:
+        while self.process.poll() is None:
+            try:
+                if text in path.read_text():
+                    self.seen_at = time.monotonic() - self.started
+                    return
+            except OSError:  # not written yet
+                pass
+            time.sleep(0.005)
 
 
 def children(pid: int) -> list[int]:

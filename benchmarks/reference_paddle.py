@@ -3,8 +3,7 @@
 Run with python -m paddle.distributed.launch from a baked project's folder, so that it trains the
 project's own model on its own data (build_model, build_datasets) with the same seed, batch and
 epochs; everything else (sampler, wrapper, Momentum, a cosine learning rate stepped per epoch,
-validation) is written here. Rank 0 prints one JSON line per epoch, and "first step" after the
-first optimizer step.
+validation) is written here. Rank 0 prints one JSON line per epoch.
 """
 
 import argparse
@@ -27,6 +26,7 @@ parser.add_argument("--epochs", type=int, default=10)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
 args = parser.parse_args()
 
 paddle.set_device("cpu")
@@ -58,16 +58,19 @@ for epoch in range(1, args.epochs + 1):
         optimizer.clear_grad()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
-        if first_step and rank == 0:
-            print("first step", flush=True)
+        if first_step and rank == 0 and args.first_step_file:
+            with open(args.first_step_file, "w") as file:
+                file.write("first step\n")
         first_step = False
     model.eval()
-    correct, total = 0, 0
+    val_loss, correct, total = 0.0, 0, 0
     with paddle.no_grad():
         for images, labels in val_loader:
-            correct += (model._layers(images).argmax(1) == labels).astype("int64").sum().item()
+            logits = model._layers(images)
+            val_loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(1) == labels).astype("int64").sum().item()
             total += len(labels)
-    totals = paddle.to_tensor([loss_sum, seen, correct, total], dtype="float64")
+    totals = paddle.to_tensor([loss_sum, seen, correct, total, val_loss], dtype="float64")
     dist.all_reduce(totals)
     scheduler.step()
     if rank == 0:

@@ -105,7 +105,7 @@ def write_results(path: Path, info: dict, training: dict, archive: dict, baking:
         "## 1, 2, 4. Training parity, start-up and memory (2 processes, CPU)",
         "",
         "The default project's model and sample data (digits, 1,437 training images), batch 32 per process,",
-        f"{args.epochs} epochs, {args.repeats} repetitions. The references are `benchmarks/reference_torch.py` (torchrun)",
+        f"{args.epochs} epochs, {args.repeats} repetitions. The references are `benchmarks/reference_pytorch.py` (torchrun)",
         "and `benchmarks/reference_paddle.py` (paddle launch): a tutorial loop with the project's `build_model` and",
         "`build_datasets`, nothing else of it. Epoch time is training plus validation, epoch 1 left out.",
         "",

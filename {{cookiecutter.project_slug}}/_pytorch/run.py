@@ -70,7 +70,7 @@ def train(args) -> None:
             )  # fmt: skip
             logs.report_epoch(metrics_path, record, args.epochs, env.is_main)
             checkpoints.save(epoch, best_acc, is_best)
-            if epoch < args.epochs and stop.stop_now(env):
+            if epoch < args.epochs and stop.stop_now(env, vote_now=True):
                 preemption.leave(epoch, progress, checkpoints.last_path)
         log.info("done: best val_acc %.4f; checkpoint: %s", best_acc, checkpoints.last_path.resolve())
         # Leave together: a rank that tears down gloo while a peer is still talking to it can abort.

@@ -33,3 +33,44 @@ def test_leaving_after_a_stop_exits_with_the_status_of_a_terminated_process(tmp_
         preemption.leave(3, preemption.EpochProgress(step=7), tmp_path / "last")
 
     assert leaving.value.code == 143
+
+
+class TwoRanks:
+    world_size = 2
+
+
+@pytest.fixture
+def ten_millisecond_steps(monkeypatch):
+    """A clock that steps() moves 10 ms, and the times of the votes, with every rank voting alike."""
+    clock = {"now": 0.0, "votes": []}
+    monkeypatch.setattr(preemption.time, "perf_counter", lambda: clock["now"])
+
+    def every_rank_alike(values, env):
+        clock["votes"].append(clock["now"])
+        return [value * env.world_size for value in values]
+
+    monkeypatch.setattr(preemption.distributed, "all_reduce_sum", every_rank_alike)
+    return clock
+
+
+def test_ranks_vote_about_four_times_a_second_when_steps_are_short(ten_millisecond_steps):
+    stop = preemption.StopRequest()
+    for _ in range(1000):  # 10 s of training
+        ten_millisecond_steps["now"] += 0.01
+        assert not stop.stop_now(TwoRanks())
+
+    assert 35 <= len(ten_millisecond_steps["votes"]) <= 45
+
+
+def test_a_signal_stops_the_ranks_within_a_quarter_second(ten_millisecond_steps):
+    stop = preemption.StopRequest()
+    for _ in range(100):
+        ten_millisecond_steps["now"] += 0.01
+        stop.stop_now(TwoRanks())
+    stop.signalled = True
+    signalled_at = ten_millisecond_steps["now"]
+
+    while not stop.stop_now(TwoRanks()):
+        ten_millisecond_steps["now"] += 0.01
+
+    assert ten_millisecond_steps["now"] - signalled_at <= 0.26

@@ -74,7 +74,7 @@ def train(args) -> None:
             )  # fmt: skip
             logs.report_epoch(metrics_path, record, args.epochs, env.is_main)
             checkpoints.save(epoch, best_acc, is_best)
-            if epoch < args.epochs and stop.stop_now(env):
+            if epoch < args.epochs and stop.stop_now(env, vote_now=True):
                 preemption.leave(epoch, preemption.EpochProgress(), checkpoints.last_path)
 
         def stop_in_epoch(epoch: int, progress: preemption.EpochProgress) -> None:

@@ -3,7 +3,7 @@
 Run with torchrun from a baked project's folder, so that it trains the project's own model on its
 own data (build_model, build_datasets) with the same seed, batch and epochs; everything else
 (sampler, wrapper, SGD, a cosine learning rate stepped per epoch, validation) is written here.
-Rank 0 prints one JSON line per epoch, and "first step" after the first optimizer step.
+Rank 0 prints one JSON line per epoch.
 """
 
 import argparse
@@ -26,6 +26,7 @@ parser.add_argument("--epochs", type=int, default=10)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -55,16 +56,19 @@ for epoch in range(1, args.epochs + 1):
         optimizer.step()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
-        if first_step and rank == 0:
-            print("first step", flush=True)
+        if first_step and rank == 0 and args.first_step_file:
+            with open(args.first_step_file, "w") as file:
+                file.write("first step\n")
         first_step = False
     model.eval()
-    correct, total = 0, 0
+    val_loss, correct, total = 0.0, 0, 0
     with torch.no_grad():
         for images, labels in val_loader:
-            correct += (model.module(images).argmax(1) == labels).sum().item()
+            logits = model.module(images)
+            val_loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(1) == labels).sum().item()
             total += len(labels)
-    totals = torch.tensor([loss_sum, seen, correct, total], dtype=torch.float64)
+    totals = torch.tensor([loss_sum, seen, correct, total, val_loss], dtype=torch.float64)
     dist.all_reduce(totals)
     scheduler.step()
     if rank == 0:
