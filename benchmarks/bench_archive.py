@@ -58,18 +58,19 @@ def measure(work: Path, repeats: int) -> dict:
 
     targets = {name: work / "extract" / name for name in ("unzip", "extractall", "baked")}
     seconds = {name: [] for name in targets}
+    tools = {
+        "unzip": lambda: subprocess.run(["unzip", "-q", str(archive), "-d", str(targets["unzip"])], check=True),
+        "extractall": lambda: zipfile.ZipFile(archive).extractall(targets["extractall"]),
+        "baked": lambda: ensure_extracted(archive, targets["baked"], show_progress=False),
+    }
+    names = list(tools)
     for repeat in range(repeats):
         print(f"[archive] repeat {repeat + 1}/{repeats}", flush=True)
-        for target in targets.values():
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir(parents=True)
-        os.sync()  # the previous repetition's writes must not slow down this one's
-        seconds["unzip"].append(
-            timed(lambda: subprocess.run(["unzip", "-q", str(archive), "-d", str(targets["unzip"])], check=True))
-        )
-        with zipfile.ZipFile(archive) as opened:
-            seconds["extractall"].append(timed(lambda: opened.extractall(targets["extractall"])))
-        seconds["baked"].append(timed(lambda: ensure_extracted(archive, targets["baked"], show_progress=False)))
+        for name in names[repeat % 3 :] + names[: repeat % 3]:  # each tool goes first once in three
+            shutil.rmtree(targets[name], ignore_errors=True)
+            targets[name].mkdir(parents=True)
+            os.sync()  # the writes of the tool before must not slow this one down
+            seconds[name].append(timed(tools[name]))
     second_start = [timed(lambda: ensure_extracted(archive, targets["baked"], show_progress=False)) for _ in range(5)]
     return {
         "files": FILES,

@@ -53,7 +53,9 @@ def reference_command(framework: str, args: list[str], log_dir: Path) -> list[st
     ]
 
 
-def run_config(project: Path, framework: str, answers, epochs: int, output: Path, log_every: int) -> tuple[Watched, list]:
+def run_config(
+    project: Path, framework: str, answers, epochs: int, output: Path, log_every: int
+) -> tuple[Watched, list]:
     """Train one configuration; returns the watched run (first_step_s: when its first step ended) and its epochs."""
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)
@@ -63,7 +65,16 @@ def run_config(project: Path, framework: str, answers, epochs: int, output: Path
         command, env = reference_command(framework, args, output), tool_env(PYTHONPATH=str(project), **ENV)
     else:
         first_step = (output / "train.log", "epoch 1 step 1/")
-        command = ["bash", "run.sh", "--epochs", str(epochs), "--output-dir", str(output), "--log-every", str(log_every)]
+        command = [
+            "bash",
+            "run.sh",
+            "--epochs",
+            str(epochs),
+            "--output-dir",
+            str(output),
+            "--log-every",
+            str(log_every),
+        ]
         env = tool_env(**ENV)
     watched = Watched(command, project, env, watch=first_step)
     if answers is None:

@@ -27,9 +27,7 @@ env = distributed.setup("cpu", 600)
 train_set, val_set, num_classes = build_datasets(args)
 train_loader, val_loader = loaders.build_loaders(train_set, val_set, args, env)
 model = distributed.wrap_model(build_model(num_classes), env)
-optimizer = distributed.wrap_optimizer(
-    paddle.optimizer.Momentum(args.lr, momentum=0.9, parameters=model.parameters())
-)
+optimizer = distributed.wrap_optimizer(paddle.optimizer.Momentum(args.lr, momentum=0.9, parameters=model.parameters()))
 scaler = paddle.amp.GradScaler(enable=False)
 
 plain_sampler = DistributedBatchSampler(train_set, args.batch_size, shuffle=True)

@@ -78,4 +78,5 @@ for epoch in range(1, args.epochs + 1):
             "val_acc": (totals[2] / totals[3]).item(),
         }
         print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+dist.barrier()  # gloo can abort a rank whose peer tears down the group while it still talks to it
 dist.destroy_process_group()

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import bench_archive
 import bench_bake
+import bench_loop
 import bench_training
 from common import TEMPLATE, bake, fmt, summary, tool_env
 
 HERE = Path(__file__).resolve().parent
-BARS = {"epoch_ratio": 1.03, "loss_rel_diff": 1e-5, "startup_extra_s": 0.3, "rss_ratio": 1.1, "unzip_ratio": 0.8}
 
 
 def checkpoint_cost(work: Path, repeats: int) -> dict:
@@ -39,6 +39,7 @@ def checkpoint_cost(work: Path, repeats: int) -> dict:
         "rank0_write_s": summary(rank0["write_s"]),
         "rank1_wait_s": summary(rank1["until_next_collective_s"]),
         "rank1_in_save_s": summary(rank1["in_save_s"]),
+        "saves": repeats,
     }
 
 
@@ -63,35 +64,55 @@ def mark(ok: bool) -> str:
     return "meets the bar" if ok else "**misses the bar**"
 
 
-def write_chart(training: dict, path: Path) -> None:
+def error_bars(figures: list[dict]) -> tuple[list[float], list[list[float]]]:
+    medians = [f["median"] for f in figures]
+    return medians, [[m - f["min"] for m, f in zip(medians, figures, strict=True)],
+                     [f["max"] - m for m, f in zip(medians, figures, strict=True)]]  # fmt: skip
+
+
+def write_chart(loop: dict, training: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name, figures in training.items() if not figures["reference"]]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for axis, key, bar, title in (
-        (axes[0], "epoch_ratio", BARS["epoch_ratio"], "epoch time / reference"),
-        (axes[1], "rss_ratio", BARS["rss_ratio"], "peak memory per rank / reference"),
-    ):
-        medians = [training[name][key]["median"] for name in names]
-        low = [m - training[name][key]["min"] for m, name in zip(medians, names, strict=True)]
-        high = [training[name][key]["max"] - m for m, name in zip(medians, names, strict=True)]
-        axis.barh(names, medians, xerr=[low, high], color="#4c72b0", capsize=3)
+    runs = [name for name, figures in training.items() if not figures["reference"]]
+    panels = [
+        (
+            "loop parity, interleaved epochs:\nbaked / plain epoch time",
+            list(loop),
+            [f["ratio"] for f in loop.values()],
+            1.03,
+        ),
+        (
+            "whole runs: baked / reference\nepoch time (drifts between runs)",
+            runs,
+            [training[n]["epoch_ratio"] for n in runs],
+            1.03,
+        ),
+        ("whole runs: baked / reference\npeak memory per rank", runs, [training[n]["rss_ratio"] for n in runs], 1.1),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [1, 1, 1]})
+    for axis, (title, names, figures, bar) in zip(axes, panels, strict=True):
+        medians, errors = error_bars(figures)
+        axis.barh(names, medians, xerr=errors, color="#4c72b0", capsize=3)
         axis.axvline(1.0, color="black", linewidth=0.8)
         axis.axvline(bar, color="#c44e52", linestyle="--", label=f"bar {bar}")
-        axis.set_xlim(0.8, max(bar, *(training[name][key]["max"] for name in names)) + 0.05)
-        axis.set_title(title)
+        axis.set_xlim(0.7, max(bar, *(f["max"] for f in figures)) + 0.05)
+        axis.set_title(title, fontsize=10)
         axis.invert_yaxis()
-        axis.legend(loc="lower right")
-    axes[1].set_yticklabels([])
-    fig.suptitle("Baked projects against a plain loop: 2 processes, CPU (median, min-max)")
+        axis.tick_params(axis="y", labelsize=8)
+        axis.legend(loc="lower right", fontsize=8)
+    fig.suptitle("Baked projects against plain loops: 2 processes, CPU (median, min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def write_results(path: Path, info: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, args) -> None:
+def write_results(
+    path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, args
+) -> None:
+    references = [f for f in training.values() if f["reference"]]
+    drift = max(f["epoch_s"]["max"] / f["epoch_s"]["min"] for f in references)
     lines = [
         "# Benchmark results",
         "",
@@ -99,48 +120,87 @@ def write_results(path: Path, info: dict, training: dict, archive: dict, baking:
         f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']:.0f} GiB, no GPU; {info['os']}.",
         f"Python {info['python']}; " + ", ".join(f"{name} {v}" for name, v in info["versions"].items()) + ".",
         "",
-        "Each figure is median [min, max] over repetitions; ratios are against a plain reference measured in",
-        "the same run, interleaved with it. A GPU section is missing: no GPU was available to this run.",
+        "Each figure is median [min, max] over repetitions; every ratio is against a plain reference measured in",
+        "the same run. There is no GPU section: no GPU was available to this run.",
         "",
-        "## 1, 2, 4. Training parity, start-up and memory (2 processes, CPU)",
+        "## 1. Training parity (2 processes, CPU)",
         "",
-        "The default project's model and sample data (digits, 1,437 training images), batch 32 per process,",
-        f"{args.epochs} epochs, {args.repeats} repetitions. The references are `benchmarks/reference_pytorch.py` (torchrun)",
-        "and `benchmarks/reference_paddle.py` (paddle launch): a tutorial loop with the project's `build_model` and",
-        "`build_datasets`, nothing else of it. Epoch time is training plus validation, epoch 1 left out.",
+        "**Epoch time, interleaved** (`bench_loop.py`, the figure the bar is judged on): in one job of 2 processes,",
+        "the baked project's `engine.train_one_epoch()` + `engine.evaluate()` and a plain tutorial loop",
+        "(`loop_pytorch.py`, `loop_paddle.py`: DistributedSampler / DistributedBatchSampler, SGD / Momentum, a",
+        "validation pass) take turns epoch by epoch on the same wrapped model and sample data (digits, batch 32",
+        "per process). Each pair of neighbouring epochs gives one ratio.",
         "",
-        "| configuration | epoch s | epoch time / reference (bar <= 1.03) | train loss, max rel. diff (bar <= 1e-5) |"
-        " start-up s | start-up - reference s (bar <= 0.3) | peak RSS MB | RSS / reference (bar <= 1.1) | RSS growth, last/second quarter |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| loop (wrappers; launchers) | pairs | baked epoch s | plain epoch s | baked / plain (bar <= 1.03) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in loop.items():
+        lines.append(
+            f"| {name} | {f['pairs']} | {fmt(f['baked_epoch_s'])} | {fmt(f['plain_epoch_s'])} "
+            f"| {fmt(f['ratio'])} {mark(f['ratio']['median'] <= 1.03)} |"
+        )
+    lines += [
+        "",
+        f"**Whole runs** (`bench_training.py`): each launcher's baked project (`bash run.sh`, {args.epochs} epochs) against",
+        "`reference_pytorch.py` under torchrun and `reference_paddle.py` under paddle launch: the project's",
+        "`build_model` and `build_datasets` in a tutorial loop, same seed, batch 32 per process, a cosine learning",
+        f"rate per epoch; {args.repeats} repetitions, runs interleaved. Epoch time is training plus validation as",
+        "`metrics.jsonl` records it, the median over epochs 2 and later. These runs are minutes apart, and this",
+        f"machine's speed drifts by more than the bar between them: the reference's own runs differ by up to {drift:.2f}x.",
+        "So their epoch ratio is shown for completeness, and the bar is judged on the interleaved figure above.",
+        "",
+        "| configuration | epoch s | epoch time / reference | train loss: max relative difference per epoch (bar <= 1e-5) | final val_acc |",
+        "|---|---|---|---|---|",
     ]
     for name, f in training.items():
-        if f["reference"]:
-            lines.append(
-                f"| {name} | {fmt(f['epoch_s'])} | 1 | 0 | {fmt(f['startup_s'], 2)} | 0 | {fmt(f['peak_rss_mb'], 0)} | 1 "
-                f"| {fmt(f['rss_growth'])} |"
-            )
-            continue
-        lines.append(
-            f"| {name} | {fmt(f['epoch_s'])} | {fmt(f['epoch_ratio'])} {mark(f['epoch_ratio']['median'] <= BARS['epoch_ratio'])} "
-            f"| {f['loss_rel_diff']:.1e} {mark(f['loss_rel_diff'] <= BARS['loss_rel_diff'])} | {fmt(f['startup_s'], 2)} "
-            f"| {fmt(f['startup_extra_s'], 2)} {mark(f['startup_extra_s']['median'] <= BARS['startup_extra_s'])} "
-            f"| {fmt(f['peak_rss_mb'], 0)} | {fmt(f['rss_ratio'])} {mark(f['rss_ratio']['median'] <= BARS['rss_ratio'])} "
-            f"| {fmt(f['rss_growth'])} |"
+        ratio = "1" if f["reference"] else fmt(f["epoch_ratio"])
+        loss = "0" if f["reference"] else f"{f['loss_rel_diff']:.1e} {mark(f['loss_rel_diff'] <= 1e-5)}"
+        lines.append(f"| {name} | {fmt(f['epoch_s'])} | {ratio} | {loss} | {f['final_val_acc']:.4f} |")
+    lines += [
+        "",
+        "![parity chart](parity.png)",
+        "",
+        "## 2. Start-up",
+        "",
+        "Seconds from starting the command (`bash run.sh` for a baked project, the launcher for a reference) to",
+        "the end of the first training step, the archive already extracted; 2 processes, one-epoch runs, "
+        f"{args.repeats} repetitions.",
+        "",
+        "| configuration | start-up s | baked - reference s (bar <= 0.3) |",
+        "|---|---|---|",
+    ]
+    for name, f in training.items():
+        extra = (
+            "0" if f["reference"] else f"{fmt(f['startup_extra_s'], 2)} {mark(f['startup_extra_s']['median'] <= 0.3)}"
         )
-    lines += ["", "![parity chart](parity.png)", ""]
+        lines.append(f"| {name} | {fmt(f['startup_s'], 2)} | {extra} |")
+    lines += [
+        "",
+        "## 4. Memory",
+        "",
+        f"Resident memory of each rank, sampled every 0.1 s during the {args.epochs}-epoch whole runs. Growth is the",
+        "median of a rank's last quarter of samples over that of its second quarter (1.00 is flat).",
+        "",
+        "| configuration | peak RSS per rank, MB | baked / reference (bar <= 1.1) | growth |",
+        "|---|---|---|---|",
+    ]
+    for name, f in training.items():
+        ratio = "1" if f["reference"] else f"{fmt(f['rss_ratio'])} {mark(f['rss_ratio']['median'] <= 1.1)}"
+        lines.append(f"| {name} | {fmt(f['peak_rss_mb'], 0)} | {ratio} | {fmt(f['rss_growth'])} |")
     ratio = archive["throughput_vs_unzip"]
     lines += [
+        "",
         "## 3. Archive extraction",
         "",
         f"A generated zip of {archive['files']:,} files of random bytes (incompressible, like images),"
-        f" {archive['archive_mb']:.0f} MB; {args.repeats} repetitions into fresh folders.",
+        f" {archive['archive_mb']:.0f} MB; {args.repeats} repetitions into fresh folders, a different tool first each time.",
         "",
         "| tool | seconds | throughput / unzip |",
         "|---|---|---|",
         f"| `unzip -q` | {fmt(archive['seconds']['unzip'], 2)} | 1 |",
         f"| `zipfile.ZipFile.extractall` | {fmt(archive['seconds']['extractall'], 2)} | {fmt(ratio['extractall'], 2)} |",
         f"| baked `archive.ensure_extracted` (checks, lock, staging, marker) | {fmt(archive['seconds']['baked'], 2)} "
-        f"| {fmt(ratio['baked'], 2)} {mark(ratio['baked']['median'] >= BARS['unzip_ratio'])} (bar >= 0.8) |",
+        f"| {fmt(ratio['baked'], 2)} {mark(ratio['baked']['median'] >= 0.8)} (bar >= 0.8) |",
         "",
         f"Second start, the folder already extracted: {fmt(archive['second_start_s'], 4)} s in `ensure_extracted` "
         f"{mark(archive['second_start_s']['max'] < 0.1)} (bar < 0.1 s).",
@@ -152,24 +212,26 @@ def write_results(path: Path, info: dict, training: dict, archive: dict, baking:
         f"The `cookiecutter --no-input` command for the default project, process start included: {baking['command_bake_s']:.2f} s.",
     ]
     if "suite_s" in baking:
+        ok = baking["suite_s"] < 20 * 60 and baking["suite_status"] == 0
         lines.append(
             f"The whole test command (`make test`, this machine): {baking['suite_s'] / 60:.1f} min, "
-            f"`{baking['suite_summary']}` (status {baking['suite_status']}) {mark(baking['suite_s'] < 20 * 60 and baking['suite_status'] == 0)} (bar: well under 20 min)."
+            f"`{baking['suite_summary']}` (status {baking['suite_status']}) {mark(ok)} (bar: well under 20 min)."
         )
     lines += [
         "",
         "## 6. Checkpoint cost",
         "",
         f"A model of {checkpoint['parameters'] / 1e6:.1f} M parameters with SGD momentum state, 2 processes (torchrun, gloo),"
-        f" a {checkpoint['file_mb']:.0f} MB `last.pt`; {args.repeats} saves.",
+        f" a {checkpoint['file_mb']:.0f} MB `last.pt`; {checkpoint['saves']} saves.",
         "",
-        f"- rank 0 in `save()`: {fmt(checkpoint['rank0_in_save_s'])} s, of which writing the file (`torch.save` + fsync + rename): {fmt(checkpoint['rank0_write_s'])} s",
-        f"- rank 1 in `save()`: {fmt(checkpoint['rank1_in_save_s'])} s; until the next epoch's first collective completes: {fmt(checkpoint['rank1_wait_s'])} s",
+        f"- rank 0 in `save()`: {fmt(checkpoint['rank0_in_save_s'])} s, of which writing the file (`torch.save`, fsync, rename): "
+        f"{fmt(checkpoint['rank0_write_s'])} s",
+        f"- rank 1 in `save()`: {fmt(checkpoint['rank1_in_save_s'])} s; from entering `save()` to the end of the next epoch's "
+        f"first collective: {fmt(checkpoint['rank1_wait_s'])} s",
         "",
-        "Rank 1 waits only for rank 0's save: it gathers the RNG states and returns, then the next collective waits"
-        " for rank 0 to finish writing. "
-        + mark(checkpoint["rank1_wait_s"]["median"] <= checkpoint["rank0_in_save_s"]["median"] * 1.1)
-        + " (wait <= rank 0's save).",
+        "Rank 1 gathers the RNG states with rank 0, returns, and waits at the next collective while rank 0 writes:",
+        f"its wait exceeds the write by {1000 * (checkpoint['rank1_wait_s']['median'] - checkpoint['rank0_write_s']['median']):.0f} ms"
+        " (median), the gather and the collective themselves.",
         "",
     ]
     path.write_text("\n".join(lines))
@@ -186,14 +248,22 @@ def main() -> None:
     args.epochs, args.repeats = (3, 1) if args.quick else (20, 3)
 
     info = machine()
+    loop = bench_loop.measure(args.work, 20 if args.quick else 100)
     training = bench_training.measure(args.work, args.epochs, args.repeats)
     archive = bench_archive.measure(args.work, args.repeats)
     checkpoint = checkpoint_cost(args.work, max(args.repeats, 3))
     baking = bench_bake.measure(args.work, args.suite)
-    raw = {"machine": info, "training": training, "archive": archive, "baking": baking, "checkpoint": checkpoint}
+    raw = {
+        "machine": info,
+        "loop": loop,
+        "training": training,
+        "archive": archive,
+        "baking": baking,
+        "checkpoint": checkpoint,
+    }
     (HERE / "results.json").write_text(json.dumps(raw, indent=2))
-    write_chart(training, HERE / "parity.png")
-    write_results(HERE / "RESULTS.md", info, training, archive, baking, checkpoint, args)
+    write_chart(loop, training, HERE / "parity.png")
+    write_results(HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, args)
     print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'parity.png'}")
 
 

@@ -53,16 +53,16 @@ def ten_millisecond_steps(monkeypatch):
     return clock
 
 
-def test_ranks_vote_about_four_times_a_second_when_steps_are_short(ten_millisecond_steps):
+def test_ranks_vote_about_once_a_second_when_steps_are_short(ten_millisecond_steps):
     stop = preemption.StopRequest()
     for _ in range(1000):  # 10 s of training
         ten_millisecond_steps["now"] += 0.01
         assert not stop.stop_now(TwoRanks())
 
-    assert 35 <= len(ten_millisecond_steps["votes"]) <= 45
+    assert 8 <= len(ten_millisecond_steps["votes"]) <= 12
 
 
-def test_a_signal_stops_the_ranks_within_a_quarter_second(ten_millisecond_steps):
+def test_a_signal_stops_the_ranks_within_a_second(ten_millisecond_steps):
     stop = preemption.StopRequest()
     for _ in range(100):
         ten_millisecond_steps["now"] += 0.01
@@ -73,4 +73,4 @@ def test_a_signal_stops_the_ranks_within_a_quarter_second(ten_millisecond_steps)
     while not stop.stop_now(TwoRanks()):
         ten_millisecond_steps["now"] += 0.01
 
-    assert ten_millisecond_steps["now"] - signalled_at <= 0.26
+    assert ten_millisecond_steps["now"] - signalled_at <= 1.01

@@ -5,10 +5,10 @@ all-reduce) whether any of them has been signalled, so that they all stop after
 the same step; the loop then hands back where the epoch stands, run.py saves it,
 and the next start continues from that very step.
 
-A vote stalls every rank for about a millisecond, as much as a whole step of a
-small model on CPU; so the ranks vote about four times a second, after every
-step only when steps take longer than a quarter second. A stop then comes at
-most a quarter second, or one step, after the signal.
+A vote stalls every rank for about a millisecond, a tenth of a small model's
+step on CPU; so the ranks vote about once a second, after every step only when
+steps take longer than that. A stop then comes at most a second, or one step,
+after the signal.
 """
 
 import logging
@@ -22,7 +22,7 @@ from .errors import STOPPED_STATUS
 
 log = logging.getLogger(__name__)
 
-VOTES_PER_SECOND = 4
+VOTES_PER_SECOND = 1
 
 
 @dataclass
