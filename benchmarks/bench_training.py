@@ -161,15 +161,19 @@ def median_epoch(records: list[dict]) -> float:
     return statistics.median(record["epoch_time_s"] for record in records[1:])
 
 
+def rank_series(watched: Watched) -> list[list[int]]:
+    """Memory samples of each rank: processes seen for a second or more (not one caught while starting others)."""
+    return [[rss for _, rss in samples] for samples in watched.rss.values() if len(samples) >= 10]
+
+
 def peak_rss(watched: Watched) -> float:
-    return max(rss for samples in watched.rss.values() for _, rss in samples)
+    return max(max(values) for values in rank_series(watched))
 
 
 def rss_growth(watched: Watched) -> float:
     """Per rank, the median memory of the run's last quarter over that of its second quarter; the largest."""
     ratios = []
-    for samples in watched.rss.values():
-        values = [rss for _, rss in samples]
+    for values in rank_series(watched):
         quarter = len(values) // 4
         ratios.append(statistics.median(values[3 * quarter :]) / statistics.median(values[quarter : 2 * quarter]))
     return max(ratios)

@@ -265,11 +265,22 @@ def main() -> None:
     args.epochs, args.repeats = (3, 1) if args.quick else (20, 3)
 
     info = machine()
-    loop = bench_loop.measure(args.work, 20 if args.quick else 100)
-    training = bench_training.measure(args.work, args.epochs, args.repeats)
-    archive = bench_archive.measure(args.work, args.repeats)
-    checkpoint = checkpoint_cost(args.work, max(args.repeats, 3))
-    baking = bench_bake.measure(args.work, args.suite)
+
+    def stage(name: str, measure):
+        """A stage's figures, kept in the work folder: --reuse takes them from an interrupted run."""
+        saved = args.work / "stages" / f"{name}.json"
+        if args.reuse and saved.exists():
+            return json.loads(saved.read_text())
+        figures = measure()
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(figures))
+        return figures
+
+    loop = stage("loop", lambda: bench_loop.measure(args.work, 20 if args.quick else 100))
+    training = stage("training", lambda: bench_training.measure(args.work, args.epochs, args.repeats))
+    archive = stage("archive", lambda: bench_archive.measure(args.work, args.repeats))
+    checkpoint = stage("checkpoint", lambda: checkpoint_cost(args.work, max(args.repeats, 3)))
+    baking = stage("baking", lambda: bench_bake.measure(args.work, args.suite))
     raw = {
         "machine": info,
         "loop": loop,
