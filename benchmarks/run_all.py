@@ -261,6 +261,7 @@ def main() -> None:
     parser.add_argument(
         "--suite", action=argparse.BooleanOptionalAction, default=True, help="time the test command too"
     )
+    parser.add_argument("--reuse", action="store_true", help="keep the stages an interrupted run finished")
     args = parser.parse_args()
     args.epochs, args.repeats = (3, 1) if args.quick else (20, 3)
 
