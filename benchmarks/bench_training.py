@@ -34,6 +34,7 @@ CONFIGS = [  # (name, framework, answers); the reference of each framework comes
     ("Paddle launch, high-level API", "paddle", {"launcher": "launch", "paddle_api": "highlevel"}),
 ]
 ENV = {"NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1"}  # run.sh's share of 2 cores for 2 processes
+FAILED_RUNS: list[str] = []  # runs that failed once (the plain torch reference sometimes aborts in gloo)
 
 
 def reference_command(framework: str, args: list[str], log_dir: Path) -> list[str]:
@@ -76,7 +77,13 @@ def run_config(
             str(log_every),
         ]
         env = tool_env(**ENV)
-    watched = Watched(command, project, env, watch=first_step)
+    try:
+        watched = Watched(command, project, env, watch=first_step)
+    except RuntimeError as failure:  # counted in the results, then tried once more
+        FAILED_RUNS.append(str(failure).splitlines()[0])
+        shutil.rmtree(output, ignore_errors=True)
+        output.mkdir(parents=True)
+        watched = Watched(command, project, env, watch=first_step)
     if answers is None:
         records = [json.loads(line) for line in watched.output.splitlines() if line.startswith('{"epoch"')]
     else:
@@ -123,7 +130,7 @@ def measure(work: Path, epochs: int, repeats: int) -> dict:
                 starts[who].append(watched.seen_at)
             startup_extra[name].append(seen[name] - seen[reference])
 
-    results = {}
+    results = {"failed_runs": FAILED_RUNS}
     for name, framework, answers in CONFIGS:
         reference = next(n for n, f, a in CONFIGS if f == framework and a is None)
         epoch_ratios, memory_ratios, growth, loss_diff = [], [], [], 0.0

@@ -109,8 +109,9 @@ def write_chart(loop: dict, training: dict, path: Path) -> None:
 
 
 def write_results(
-    path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, args
-) -> None:
+    path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, args,
+    failed_runs: list[str],
+) -> None:  # fmt: skip
     references = [f for f in training.values() if f["reference"]]
     drift = max(f["epoch_s"]["max"] / f["epoch_s"]["min"] for f in references)
     lines = [
@@ -148,6 +149,9 @@ def write_results(
         "`metrics.jsonl` records it, the median over epochs 2 and later. These runs are minutes apart, and this",
         f"machine's speed drifts by more than the bar between them: the reference's own runs differ by up to {drift:.2f}x.",
         "So their epoch ratio is shown for completeness, and the bar is judged on the interleaved figure above.",
+        f"Runs that failed and were run again: {len(failed_runs)}"
+        + "".join(f"; `{line}`" for line in failed_runs)
+        + ".",
         "",
         "| configuration | epoch s | epoch time / reference | train loss: max relative difference per epoch (bar <= 1e-5) | final val_acc |",
         "|---|---|---|---|---|",
@@ -291,8 +295,9 @@ def main() -> None:
         "checkpoint": checkpoint,
     }
     (HERE / "results.json").write_text(json.dumps(raw, indent=2))
+    failed_runs = training.pop("failed_runs")
     write_chart(loop, training, HERE / "parity.png")
-    write_results(HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, args)
+    write_results(HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, args, failed_runs)
     print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'parity.png'}")
 
 
