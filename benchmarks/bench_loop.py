@@ -13,7 +13,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from common import bake, summary, tool_env
+from common import bake, extract_sample, summary, tool_env
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = [  # (name, answers): the loop is the same for every launcher of a framework, the wrappers are not
@@ -41,8 +41,7 @@ def measure(work: Path, epochs: int) -> dict:
     for index, (name, answers) in enumerate(CONFIGS):
         print(f"[loop] {name}", flush=True)
         project = bake(work / "projects" / f"loop{index}", **answers)
-        extract = "from dist_train.archive import ensure_extracted as e; e('data/digits.zip', 'data/digits')"
-        subprocess.run(["python", "-c", extract], cwd=project, env=tool_env(), check=True, capture_output=True)
+        extract_sample(project)
         seconds = run_loops(project, answers["framework"], epochs, work / "loops" / str(index))
         # Epochs 1 and 2 warm up; each later pair ran back to back.
         baked, plain = seconds["baked"][2:], seconds["plain"][2:]

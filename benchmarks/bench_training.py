@@ -16,10 +16,9 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 from pathlib import Path
 
-from common import Watched, bake, summary, tool_env
+from common import Watched, bake, extract_sample, summary, tool_env
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = [  # (name, framework, answers); the reference of each framework comes first
@@ -104,9 +103,7 @@ def measure(work: Path, epochs: int, repeats: int) -> dict:
     projects = {}
     for name, framework, answers in CONFIGS:
         projects[name] = bake(work / "projects" / str(len(projects)), framework=framework, **(answers or {}))
-        # Extract the sample archive once, with the project's own code, as its first run would.
-        extract = "from dist_train.archive import ensure_extracted as e; e('data/digits.zip', 'data/digits')"
-        subprocess.run(["python", "-c", extract], cwd=projects[name], env=tool_env(), check=True)
+        extract_sample(projects[name])
 
     runs = {name: [] for name, _, _ in CONFIGS}
     for repeat in range(repeats):

@@ -35,6 +35,12 @@ def fmt(stats: dict, digits: int = 3) -> str:
     return f"{stats['median']:.{digits}f} [{stats['min']:.{digits}f}, {stats['max']:.{digits}f}]"
 
 
+def extract_sample(project: Path) -> None:
+    """Extract a baked project's sample archive once, with the project's own code, as its first run would."""
+    extract = "from dist_train.archive import ensure_extracted as e; e('data/digits.zip', 'data/digits')"
+    subprocess.run(["python", "-c", extract], cwd=project, env=tool_env(), check=True, capture_output=True)
+
+
 class Watched:
     """A command run to its end: its output, every rank's memory over time, and when a file first held a text.
 
