@@ -29,7 +29,7 @@ def remove_framework_dirs() -> None:
 
 
 def use_paddle_variant(variant: str, destination: str) -> None:
-    """Paddle: put variants/<variant> in place of the file the default answers use."""
+    """Paddle: put variants/<variant> in place (over the file the default answers use, if there is one)."""
     (PADDLE_VARIANTS / variant).replace(destination)
 
 
@@ -62,8 +62,7 @@ def main(answers: dict) -> None:
         package = answers["project_slug"]
         if answers["paddle_api"] == "highlevel":
             use_paddle_variant("run_highlevel.py", "run.py")
-            use_paddle_variant("engine_highlevel.py", f"{package}/engine.py")
-            use_paddle_variant("test_parity_highlevel.py", "tests/test_parity.py")
+            use_paddle_variant("fit.py", f"{package}/fit.py")
         remove_paddle_variants()
     if answers["dataset"] == "folder":
         unpack_sample_archive()

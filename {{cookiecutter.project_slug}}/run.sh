@@ -65,20 +65,20 @@ fi
 {%- if cookiecutter.launcher == "torchrun" %}
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  exec python -m {{ cookiecutter.project_slug }}.launcher torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" \
+  exec python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" \
     --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
 fi
 {%- endif %}
-exec python -m {{ cookiecutter.project_slug }}.launcher torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
+exec python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
 {%- elif cookiecutter.launcher == "launch" and cookiecutter.framework == "pytorch" %}
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  exec python -m {{ cookiecutter.project_slug }}.launcher launch --nnodes="$NNODES" --node-rank="$NODE_RANK" \
+  exec python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node-rank="$NODE_RANK" \
     --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \
     --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
 fi
 {%- endif %}
-exec python -m {{ cookiecutter.project_slug }}.launcher launch --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@"
+exec python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@"
 {%- elif cookiecutter.launcher == "spawn" %}
 # run.py spawns NPROC_PER_NODE processes itself.
 export NPROC_PER_NODE NNODES

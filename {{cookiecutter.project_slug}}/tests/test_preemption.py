@@ -6,6 +6,7 @@ import signal
 import pytest
 
 from {{ cookiecutter.project_slug }} import preemption
+from {{ cookiecutter.project_slug }}.state import EpochProgress
 
 
 class OneProcess:
@@ -30,7 +31,7 @@ def test_sigterm_is_remembered_for_the_next_step_instead_of_killing_the_process(
 
 def test_leaving_after_a_stop_exits_with_the_status_of_a_terminated_process(tmp_path):
     with pytest.raises(SystemExit) as leaving:
-        preemption.leave(3, preemption.EpochProgress(step=7), tmp_path / "last")
+        preemption.leave(preemption.Stopped(3, EpochProgress(step=7)), tmp_path / "last")
 
     assert leaving.value.code == 143
 

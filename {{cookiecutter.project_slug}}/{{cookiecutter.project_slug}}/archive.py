@@ -56,14 +56,16 @@ def ensure_extracted(
         ) from None
 
 
-def prepare_dataset(args, local_rank: int) -> None:
-    """run.py's data step: extract --dataset-zip into --data-dir, unless the run is synthetic or has no archive."""
-    if args.dataset_zip and not args.synthetic:
+def prepare_dataset(
+    dataset_zip: str | None, data_dir: str, *, max_gb: float, lock_timeout: float, local_rank: int
+) -> None:
+    """run.py's data step: extract the archive, if there is one, into `data_dir`, once per machine."""
+    if dataset_zip:
         ensure_extracted(
-            args.dataset_zip,
-            args.data_dir,
-            max_bytes=args.archive_max_gb * 1e9,
-            lock_timeout=args.extract_timeout,
+            dataset_zip,
+            data_dir,
+            max_bytes=max_gb * 1e9,
+            lock_timeout=lock_timeout,
             show_progress=show_progress_here(local_rank),
         )
 

@@ -1,6 +1,7 @@
 """Command-line flags of run.py; the same for every framework and launcher."""
 
 import argparse
+import os
 from pathlib import Path
 
 from .settings import DATASET
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     resolve_data_paths(args)
+    if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args
 
 
@@ -113,6 +116,7 @@ def resolve_data_paths(args: argparse.Namespace) -> None:
     An explicit --data-dir alone means "my data is already there": nothing is extracted.
     An explicit --dataset-zip alone extracts into a folder beside it, named after it.
     Neither: the bundled sample (data/digits.zip into data/digits) in a dataset=zip project.
+    --synthetic needs no data: nothing is extracted.
     """
     if args.dataset_zip:
         if args.data_dir is None:
@@ -121,6 +125,8 @@ def resolve_data_paths(args: argparse.Namespace) -> None:
         args.data_dir = str(SAMPLE_DATA_DIR)
         if DATASET == "zip":
             args.dataset_zip = str(SAMPLE_ARCHIVE)
+    if args.synthetic:
+        args.dataset_zip = None
 
 
 def folder_for_archive(archive: Path) -> Path:

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 PACKAGE_LOGGER = logging.getLogger(__package__)
 
 
@@ -28,39 +30,52 @@ def setup_logging(output_dir: str | Path, rank: int) -> logging.Logger:
     return PACKAGE_LOGGER
 
 
-def epoch_record(
-    epoch: int,
-    train_stats: dict,
-    val_stats: dict,
-    *,
-    lr: float,
-    world_size: int,
-    global_batch_size: int,
-    started: float,
-) -> dict:
-    """The metrics.jsonl line of a finished epoch (the keys README.md lists)."""
-    return {
-        "epoch": epoch,
-        "train_loss": train_stats["loss"],
-        "val_loss": val_stats["loss"],
-        "val_acc": val_stats["acc"],
-        "world_size": world_size,
-        "global_batch_size": global_batch_size,
-        "train_samples": train_stats["samples"],
-        "val_samples": val_stats["samples"],
-        "epoch_time_s": round(time.perf_counter() - started, 3),
-        "lr": lr,
-    }
+def progress_bar(iterable, is_main: bool, desc: str):
+    """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
+    return tqdm(iterable, desc=desc, leave=False, disable=not (is_main and sys.stderr.isatty()))
 
 
-def report_epoch(metrics_path: Path, record: dict, epochs: int, is_main: bool) -> None:
-    """Rank 0 appends the record to metrics.jsonl; every rank logs it (rank 0's log is the console)."""
-    if is_main:
-        append_metrics(metrics_path, record)
+def log_job(env, batch_size: int, grad_accum: int, train_samples: int, val_samples: int) -> int:
+    """Say how the job is split, and return the global batch: per-process batch x processes x accumulation."""
+    global_batch = batch_size * env.world_size * grad_accum
     PACKAGE_LOGGER.info(
-        "epoch %d/%d train_loss %.4f val_loss %.4f val_acc %.4f (%.1f s)",
-        record["epoch"], epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
+        "%d process(es) on %s; batch %d per process x %d x %d accumulation = global batch %d; %d train / %d val samples",
+        env.world_size, "gpu" if env.on_gpu else "cpu", batch_size, env.world_size, grad_accum, global_batch,
+        train_samples, val_samples,
     )  # fmt: skip
+    return global_batch
+
+
+class MetricsLog:
+    """metrics.jsonl: rank 0 appends one line per finished epoch (the keys README.md lists); every rank logs it.
+
+    A resumed run first forgets the epochs its checkpoint does not cover, so no epoch is logged twice.
+    """
+
+    def __init__(self, path: Path, is_main: bool, epochs: int, epochs_done: int, **per_run):
+        self.path, self.is_main, self.epochs, self.per_run = Path(path), is_main, epochs, per_run
+        if is_main:
+            drop_metrics_after(self.path, epochs_done)
+
+    def report(self, epoch: int, train_stats: dict, val_stats: dict, started: float) -> dict:
+        record = {
+            "epoch": epoch,
+            "train_loss": train_stats["loss"],
+            "val_loss": val_stats["loss"],
+            "val_acc": val_stats["acc"],
+            **self.per_run,
+            "train_samples": train_stats["samples"],
+            "val_samples": val_stats["samples"],
+            "epoch_time_s": round(time.perf_counter() - started, 3),
+            "lr": train_stats["lr"],
+        }
+        if self.is_main:
+            append_metrics(self.path, record)
+        PACKAGE_LOGGER.info(
+            "epoch %d/%d train_loss %.4f val_loss %.4f val_acc %.4f (%.1f s)",
+            epoch, self.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
+        )  # fmt: skip
+        return record
 
 
 def append_metrics(path: Path, record: dict) -> None:

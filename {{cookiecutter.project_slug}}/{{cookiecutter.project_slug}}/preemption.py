@@ -2,8 +2,8 @@
 
 The signal only sets a flag. After optimizer steps the ranks vote (one tiny
 all-reduce) whether any of them has been signalled, so that they all stop after
-the same step; the loop then hands back where the epoch stands, run.py saves it,
-and the next start continues from that very step.
+the same step; the loop then raises Stopped, which says where the epoch stands,
+run.py saves that in one place, and the next start continues from that very step.
 
 A vote stalls every rank for about a millisecond, a tenth of a small model's
 step on CPU; so the ranks vote about once a second, after every step only when
@@ -15,26 +15,30 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
 
 from . import distributed
 from .errors import STOPPED_STATUS
+from .state import EpochProgress
 
 log = logging.getLogger(__name__)
 
 VOTES_PER_SECOND = 1
 
 
-@dataclass
-class EpochProgress:
-    """How far this rank is into an epoch: the batches it has trained on, their loss sum and sample count."""
+class Stopped(Exception):
+    """Raised on every rank after the same step once the ranks voted to stop.
 
-    step: int = 0
-    loss_sum: float = 0.0
-    seen: int = 0
+    `epoch` is the epoch under way and `progress` this rank's part of it; a stop at an
+    epoch's end is the next epoch at step 0 (the finished epoch is saved already).
+    """
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def __init__(self, epoch: int, progress: EpochProgress):
+        super().__init__(f"stopped in epoch {epoch} after step {progress.step}")
+        self.epoch, self.progress = epoch, progress
+
+    @property
+    def where(self) -> str:
+        return f"epoch {self.epoch} step {self.progress.step}" if self.progress.step else f"epoch {self.epoch - 1}"
 
 
 class StopRequest:
@@ -77,11 +81,15 @@ class StopRequest:
         self.last_vote = time.perf_counter()
         return signalled_ranks > 0
 
+    def after_epoch(self, env, epoch: int, last_epoch: int) -> None:
+        """At the end of a saved epoch, on every rank: raise Stopped if a vote says so (not after the last)."""
+        if epoch < last_epoch and self.stop_now(env, vote_now=True):
+            raise Stopped(epoch + 1, EpochProgress())
 
-def leave(epoch: int, progress: EpochProgress, checkpoint) -> None:
+
+def leave(stopped: Stopped, checkpoint) -> None:
     """End this rank after the stop checkpoint is saved, with STOPPED_STATUS."""
-    where = f"epoch {epoch} step {progress.step}" if progress.step else f"epoch {epoch}"
-    log.info("stopped by SIGTERM after %s; saved %s; run.sh again continues from there", where, checkpoint)
+    log.info("stopped by SIGTERM after %s; saved %s; run.sh again continues from there", stopped.where, checkpoint)
     # Rank 0 may still be writing: a launcher stops every rank as soon as one of them exits.
     distributed.barrier()
     sys.exit(STOPPED_STATUS)

@@ -14,7 +14,8 @@ from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.preemption import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import Stopped
+from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
 PAIR = ["last.pdopt", "last.pdparams"]
@@ -24,9 +25,9 @@ def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: mode
     # Paddle keys optimizer state by parameter names: start them afresh, as in a new process.
     with paddle.utils.unique_name.guard():
         model = wrap(nn.Linear(4, out_features))
-        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(0.1, T_max=10)
-        optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=model.parameters())
-    return Checkpointer(directory, CPU, model, optimizer, paddle.amp.GradScaler(enable=False))
+        optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
+        scheduler = engine.cosine_schedule(optimizer, 10)
+    return Checkpointer(directory, CPU, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False))
 
 
 def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
@@ -39,7 +40,7 @@ def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> Non
         with paddle.utils.unique_name.guard():  # the first step names the momentum buffers, as in a new process
             checkpointer.optimizer.step()
         checkpointer.optimizer.clear_grad()
-        checkpointer.optimizer._learning_rate.step()  # the scheduler the optimizer was given
+        checkpointer.scheduler.step()
 
 
 def draw_random_numbers() -> tuple:
@@ -56,11 +57,17 @@ def assert_same_weights(left: dict, right: dict) -> None:
         np.testing.assert_array_equal(np.asarray(left[key]), np.asarray(right[key]))
 
 
+def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
+    """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
+    saver.state = TrainingState(epoch - 1, 0.0 if is_best else best_acc)
+    saver.end_epoch(epoch, best_acc if is_best else 0.0)
+
+
 def test_last_checkpoint_is_a_pair_of_weights_and_training_state_that_paddle_load_reads(tmp_path):
     saver = build_checkpointer(tmp_path)
     take_steps(saver)
 
-    saver.save(epoch=3, best_acc=0.5, is_best=False)
+    save_epoch(saver, 3, 0.5, False)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
     assert_same_weights(weights_of(saver.model), paddle.load(str(tmp_path / "last.pdparams")))
@@ -79,7 +86,7 @@ def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_pat
         saver = build_checkpointer(tmp_path, wrap=paddle.DataParallel)
     assert isinstance(saver.model, paddle.DataParallel)
 
-    saver.save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(saver, 1, 0.1, False)
 
     weights = paddle.load(str(tmp_path / "last.pdparams"))
     assert sorted(weights) == ["bias", "weight"]
@@ -89,16 +96,18 @@ def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_pat
 
 
 def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False, progress=EpochProgress(7, 3.25, 112))
+    saver = build_checkpointer(tmp_path)
+    saver.state = TrainingState(2, 0.5)
+    saver.save_stopped(Stopped(3, EpochProgress(7, 3.25, 112)))
 
-    assert build_checkpointer(tmp_path).resume("auto") == (2, 0.5, EpochProgress(7, 3.25, 112))
+    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(2, 0.5, EpochProgress(7, 3.25, 112))
 
 
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
     paddle.seed(1)
     saver = build_checkpointer(tmp_path)
     take_steps(saver)
-    saver.save(epoch=2, best_acc=0.75, is_best=True)
+    save_epoch(saver, 2, 0.75, True)
     numbers_after_save = draw_random_numbers()
 
     paddle.seed(2)  # a new process: other weights, other random streams
@@ -107,7 +116,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     resumer = build_checkpointer(tmp_path)
     assert not np.array_equal(resumer.model.weight.numpy(), saver.model.weight.numpy())
 
-    assert resumer.resume("auto") == (2, 0.75, EpochProgress())
+    assert resumer.resume("auto") == TrainingState(2, 0.75, EpochProgress())
 
     assert draw_random_numbers() == numbers_after_save
     assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
@@ -119,23 +128,25 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0, EpochProgress())
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, 0.0, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=4, best_acc=0.9, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 4, 0.9, False)
     fresh = build_checkpointer(tmp_path)
     weights = weights_of(fresh.model)
 
-    assert fresh.resume("none") == (0, 0.0, EpochProgress())
+    assert fresh.resume("none") == TrainingState(0, 0.0, EpochProgress())
     assert_same_weights(weights_of(fresh.model), weights)
 
 
 @pytest.mark.parametrize("name", ["last.pdparams", "last.pdopt", "last"])
 def test_resume_from_an_explicit_path_loads_that_pair(tmp_path, name):
-    build_checkpointer(tmp_path / "old").save(epoch=5, best_acc=0.6, is_best=False)
+    save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == (5, 0.6, EpochProgress())
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == TrainingState(
+        5, 0.6, EpochProgress()
+    )
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):
@@ -146,7 +157,7 @@ def test_resume_from_a_missing_path_says_so(tmp_path):
 
 
 def test_weights_without_their_training_state_are_refused(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 1, 0.1, False)
     (tmp_path / "last.pdopt").unlink()
 
     with pytest.raises(UserError, match="last.pdopt") as error:
@@ -160,26 +171,26 @@ def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
     def epoch_in(name: str) -> int:
         return paddle.load(str(tmp_path / name))["epoch"]
 
-    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    save_epoch(saver, 1, 0.5, True)
     assert epoch_in("best.pdopt") == 1
 
-    saver.save(epoch=2, best_acc=0.5, is_best=False)
+    save_epoch(saver, 2, 0.5, False)
     assert epoch_in("best.pdopt") == 1
     assert epoch_in("last.pdopt") == 2
 
     take_steps(saver)
-    saver.save(epoch=3, best_acc=0.8, is_best=True)
+    save_epoch(saver, 3, 0.8, True)
     assert epoch_in("best.pdopt") == 3
     assert_same_weights(paddle.load(str(tmp_path / "best.pdparams")), weights_of(saver.model))
 
 
 def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.0, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 1, 0.0, False)
     assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
 
 
 def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
-    build_checkpointer(tmp_path, out_features=3).save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(build_checkpointer(tmp_path, out_features=3), 1, 0.1, False)
     other = build_checkpointer(tmp_path, out_features=5)
 
     with pytest.raises(UserError, match="does not match the model") as error:
@@ -195,7 +206,7 @@ def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path
 @pytest.mark.parametrize("name", PAIR)
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
 def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, name):
-    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 1, 0.1, False)
     path = tmp_path / name
     data = path.read_bytes()
     damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
@@ -211,14 +222,14 @@ def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, na
 def test_saving_leaves_no_temporary_file(tmp_path):
     saver = build_checkpointer(tmp_path)
     for epoch in (1, 2, 3):
-        saver.save(epoch=epoch, best_acc=0.1 * epoch, is_best=True)
+        save_epoch(saver, epoch, 0.1 * epoch, True)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
 
 
 def test_crash_while_writing_keeps_the_previous_pair_and_leaves_no_temporary_file(tmp_path, monkeypatch):
     saver = build_checkpointer(tmp_path)
-    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    save_epoch(saver, 1, 0.5, True)
     weights_at_1 = weights_of(saver.model)
     take_steps(saver)
     real_save = checkpoint.paddle.save
@@ -230,18 +241,18 @@ def test_crash_while_writing_keeps_the_previous_pair_and_leaves_no_temporary_fil
 
     monkeypatch.setattr(checkpoint.paddle, "save", disk_full_on_the_second_file)
     with pytest.raises(OSError):
-        saver.save(epoch=2, best_acc=0.9, is_best=True)
+        save_epoch(saver, 2, 0.9, True)
     monkeypatch.undo()
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
     assert paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 1
     assert_same_weights(paddle.load(str(tmp_path / "last.pdparams")), weights_at_1)
-    assert build_checkpointer(tmp_path).resume("auto") == (1, 0.5, EpochProgress())
+    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(1, 0.5, EpochProgress())
 
 
 def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, monkeypatch):
     saver = build_checkpointer(tmp_path)
-    saver.save(epoch=1, best_acc=0.5, is_best=False)
+    save_epoch(saver, 1, 0.5, False)
     take_steps(saver)
     weights_at_2 = weights_of(saver.model)
     real_replace = os.replace
@@ -255,14 +266,15 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
 
     monkeypatch.setattr(checkpoint.os, "replace", crash_after_the_first_file)
     with pytest.raises(KeyboardInterrupt):
-        saver.save(epoch=2, best_acc=0.5, is_best=False)
+        save_epoch(saver, 2, 0.5, False)
     monkeypatch.undo()
     new_state = paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 2
     new_weights = np.array_equal(paddle.load(str(tmp_path / "last.pdparams"))["weight"].numpy(), weights_at_2["weight"])
     assert new_state != new_weights  # one file of the pair on disk is new, the other old ...
 
     resumer = build_checkpointer(tmp_path)
-    assert resumer.resume("auto") == (2, 0.5, EpochProgress())  # ... and the next start finishes the save first
+    # ... and the next start finishes the save first
+    assert resumer.resume("auto") == TrainingState(2, 0.5, EpochProgress())
 
     assert_same_weights(weights_of(resumer.model), weights_at_2)
     assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
@@ -287,7 +299,7 @@ def test_training_state_without_the_keys_run_py_writes_is_not_taken_for_a_checkp
 
 
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
-    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 2, 0.5, False)
     # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
     monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
 
@@ -301,11 +313,10 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
     def learning_rates(total_epochs: int, run_epochs: range, resume: str) -> list[float]:
         """The rate each epoch's optimizer step really applies, as run.py builds, resumes and steps the schedule."""
         model = nn.Linear(4, 3)
-        scheduler = engine.cosine_schedule(0.1, total_epochs)
-        optimizer = paddle.optimizer.SGD(scheduler, parameters=model.parameters())  # a step moves by -lr x grad
-        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, paddle.amp.GradScaler(enable=False))
-        checkpointer.resume(resume)
-        engine.reapply_schedule(scheduler)
+        optimizer = paddle.optimizer.SGD(0.1, parameters=model.parameters())  # a step moves by -lr x grad
+        scheduler = engine.cosine_schedule(optimizer, total_epochs)
+        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False))
+        checkpointer.resume(resume)  # which also puts the schedule's rate back
         rates = []
         for epoch in run_epochs:
             before = model.bias.numpy().copy()
@@ -316,7 +327,7 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
             assert applied == pytest.approx(optimizer.get_lr(), rel=1e-4)  # what run.py records is what trained
             rates.append(applied)
             scheduler.step()
-            checkpointer.save(epoch=epoch, best_acc=0.0, is_best=False)
+            save_epoch(checkpointer, epoch, 0.0, False)
         return rates
 
     fresh = learning_rates(4, range(1, 5), resume="none")

@@ -1,6 +1,7 @@
-"""The scaffold's own loop trains the same model however the global batch is split.
+"""The project's training loop trains the same model however the global batch is split.
 
-Two ranks with batch b, one process with batch b and 2 accumulation steps, and
+Every loop the project ships is checked: its own (engine.train_one_epoch) and, in a
+paddle_api=highlevel project, paddle.Model.fit with its epoch callback (fit.py). Two ranks with batch b, one process with batch b and 2 accumulation steps, and
 two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
 as one process with batch 2b: DistributedBatchSampler draws one permutation
 per epoch on every rank and rank r takes the r-th slice of each global batch,
@@ -8,6 +9,7 @@ so step k covers the same 2b samples in every set-up. The model has no batch
 norm or dropout, whose results depend on how a batch is split.
 """
 
+import importlib.util
 import os
 
 import numpy as np
@@ -17,7 +19,9 @@ import pytest
 from paddle import nn
 from paddle.io import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, distributed, engine, loaders, preemption
+from {{ cookiecutter.project_slug }} import distributed, engine, loaders
+from {{ cookiecutter.project_slug }}.preemption import StopRequest
+from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
 
 pytestmark = pytest.mark.slow
 
@@ -39,28 +43,48 @@ def build_model() -> nn.Layer:
     return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
 
 
-def train(batch_size: int, grad_accum: int) -> dict:
+def momentum(model: nn.Layer) -> paddle.optimizer.Optimizer:
+    return paddle.optimizer.Momentum(learning_rate=0.5, momentum=0.9, parameters=model.parameters())
+
+
+def with_own_loop(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
+    model = distributed.wrap_model(network, env)
+    optimizer = distributed.wrap_optimizer(momentum(model))
+    scaler = engine.grad_scaler(False)
+    return [
+        engine.train_one_epoch(model, loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), grad_accum)
+        for epoch in range(1, EPOCHS + 1)
+    ]
+
+
+def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
+    from {{ cookiecutter.project_slug }} import fit
+
+    model = paddle.Model(network)
+    model.prepare(momentum(network), fit.accumulated_loss(grad_accum))
+    epochs = []
+    end_epoch = fit.EpochEnd(
+        loader, env, TrainingState(), StopRequest(), lambda epoch, stats, started: epochs.append(stats), grad_accum
+    )
+    model.fit(loader, epochs=EPOCHS, verbose=0, accumulate_grad_batches=grad_accum, callbacks=[end_epoch])
+    return epochs
+
+
+LOOPS = {"own loop": with_own_loop}
+if importlib.util.find_spec("{{ cookiecutter.project_slug }}.fit"):  # paddle_api=highlevel
+    LOOPS["paddle.Model.fit"] = with_fit
+
+
+def train(loop: str, batch_size: int, grad_accum: int) -> dict:
     """Train with the project's loaders, model wrapper and loop; return parameters and per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
-        args = cli.parse_args(
-            ["--batch-size", str(batch_size), "--grad-accum", str(grad_accum), "--seed", "5", "--no-amp"]
-        )
-        train_loader, _ = loaders.build_loaders(dataset(), dataset(), args, env)
-        model = distributed.wrap_model(build_model(), env)
-        optimizer = paddle.optimizer.Momentum(learning_rate=0.5, momentum=0.9, parameters=model.parameters())
-        optimizer = distributed.wrap_optimizer(optimizer)
-        scaler = paddle.amp.GradScaler(enable=False)
-        epochs = []
-        for epoch in range(1, EPOCHS + 1):
-            train_loader.batch_sampler.set_epoch(epoch)
-            progress, stop = preemption.EpochProgress(), preemption.StopRequest()
-            epochs.append(
-                engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch, progress, stop)
-            )
+        train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
+        network = build_model()
+        epochs = LOOPS[loop](network, train_loader, env, grad_accum)
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
-            "parameters": [p.numpy().copy() for p in distributed.unwrap(model).parameters()],
+            "parameters": [p.numpy().copy() for p in network.parameters()],
             "losses": np.array([stats["loss"] for stats in epochs]),
             "samples": np.array([stats["samples"] for stats in epochs]),
         }
@@ -68,8 +92,8 @@ def train(batch_size: int, grad_accum: int) -> dict:
         distributed.cleanup()
 
 
-def rank_worker(batch_size: int, grad_accum: int, out_dir: str) -> None:
-    result = train(batch_size, grad_accum)
+def rank_worker(loop: str, batch_size: int, grad_accum: int, out_dir: str) -> None:
+    result = train(loop, batch_size, grad_accum)
     np.savez(
         os.path.join(out_dir, f"rank{dist.get_rank()}.npz"),
         *result["parameters"],
@@ -78,11 +102,11 @@ def rank_worker(batch_size: int, grad_accum: int, out_dir: str) -> None:
     )
 
 
-def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
+def train_in_ranks(tmp_path, loop: str, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
     """Train in world_size processes started by paddle.distributed.spawn, joined by gloo; every rank's result."""
     out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
     out_dir.mkdir()
-    dist.spawn(rank_worker, args=(batch_size, grad_accum, str(out_dir)), nprocs=world_size)
+    dist.spawn(rank_worker, args=(loop, batch_size, grad_accum, str(out_dir)), nprocs=world_size)
     results = []
     for rank in range(world_size):
         with np.load(out_dir / f"rank{rank}.npz") as saved:
@@ -91,17 +115,22 @@ def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) 
     return results
 
 
-def train_here(batch_size: int, grad_accum: int) -> dict:
+def train_here(loop: str, batch_size: int, grad_accum: int) -> dict:
     """Train in this process, as `python run.py` does: no launcher variables, no process group."""
     with pytest.MonkeyPatch.context() as patch:
         for name in LAUNCHER_VARIABLES:
             patch.delenv(name, raising=False)
-        return train(batch_size, grad_accum)
+        return train(loop, batch_size, grad_accum)
+
+
+@pytest.fixture(scope="module", params=LOOPS)
+def loop(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def one_process_with_batch_2b() -> dict:
-    return train_here(2 * B, grad_accum=1)
+def one_process_with_batch_2b(loop) -> dict:
+    return train_here(loop, 2 * B, grad_accum=1)
 
 
 def assert_same_training(result: dict, reference: dict) -> None:
@@ -118,19 +147,19 @@ def test_reference_run_really_trains(one_process_with_batch_2b):
     assert one_process_with_batch_2b["losses"][1] < one_process_with_batch_2b["losses"][0]
 
 
-def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
-    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B, grad_accum=1)
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, loop, one_process_with_batch_2b):
+    ranks = train_in_ranks(tmp_path, loop, world_size=2, batch_size=B, grad_accum=1)
 
     for result in ranks:
         assert_same_training(result, one_process_with_batch_2b)
 
 
-def test_one_process_accumulating_two_batches_of_b_matches_one_batch_of_2b(one_process_with_batch_2b):
-    assert_same_training(train_here(B, grad_accum=2), one_process_with_batch_2b)
+def test_one_process_accumulating_two_batches_of_b_matches_one_batch_of_2b(loop, one_process_with_batch_2b):
+    assert_same_training(train_here(loop, B, grad_accum=2), one_process_with_batch_2b)
 
 
-def test_two_ranks_accumulating_without_sync_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
-    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B // 2, grad_accum=2)
+def test_two_ranks_accumulating_without_sync_match_one_process_with_batch_2b(tmp_path, loop, one_process_with_batch_2b):
+    ranks = train_in_ranks(tmp_path, loop, world_size=2, batch_size=B // 2, grad_accum=2)
 
     for result in ranks:
         assert_same_training(result, one_process_with_batch_2b)

@@ -1,6 +1,8 @@
 """Checkpoints: written by global rank 0 only, as a consistent pair; read back on every rank.
 
-DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
+The Checkpointer owns where training stands (a TrainingState): it decides which
+epoch is the best, keeps how far a stopped epoch got, and puts the learning-rate
+schedule back on resume. DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
 any copy of the model); last.pdopt beside it holds everything else needed to
 continue: optimizer (with the learning-rate schedule inside), AMP scaler,
 epochs done, best accuracy, every rank's RNG states and, after a SIGTERM stop,
@@ -23,6 +25,7 @@ import os
 import pickle
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,102 +34,114 @@ import paddle
 from . import distributed
 from .distributed import DistEnv
 from .errors import UserError
-from .preemption import EpochProgress
+from .preemption import Stopped
+from .state import EpochProgress, TrainingState
 
 log = logging.getLogger(__name__)
 
-LAST, BEST = "last", "best"
-WEIGHTS, STATE = ".pdparams", ".pdopt"
-SAVING, SAVED = ".saving", ".saved"
+LAST, BEST = "last.pdparams", "best.pdparams"
 STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng", "progress")
+_STATE = ".pdopt"  # the training state beside each .pdparams
+_SAVING, _SAVED = ".saving", ".saved"
 
 
 class Checkpointer:
-    """Save and resume the model, optimizer and scaler (None where paddle.Model keeps its own)."""
+    """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
 
-    def __init__(self, directory: str | Path, env: DistEnv, model, optimizer, scaler=None):
+    The schedule is attached to the optimizer (engine.cosine_schedule), whose state holds it.
+    """
+
+    def __init__(self, directory: str | Path, env: DistEnv, model, optimizer, scheduler, scaler=None):
         self.directory = Path(directory)
         self.env = env
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.state = TrainingState()
 
     @property
     def last_path(self) -> Path:
-        return self.directory / (LAST + WEIGHTS)
+        return self.directory / LAST
 
-    def save(self, epoch: int, best_acc: float, is_best: bool, progress: EpochProgress | None = None) -> None:
-        """Save after `epoch` epochs, plus `progress` into the next when a stop interrupts it.
+    def end_epoch(self, epoch: int, val_acc: float) -> None:
+        """Record a finished epoch and save it (last, and best when it is the best); on every rank."""
+        is_best = self.state.finish_epoch(epoch, val_acc)
+        self._save(self.state, is_best)
 
-        Called on every rank (RNG states and progress are gathered); only rank 0 writes.
-        """
-        per_rank = distributed.all_gather_object((capture_rng(), (progress or EpochProgress()).to_dict()))
+    def save_stopped(self, stopped: Stopped) -> None:
+        """Save how far the stopped epoch got; on every rank. A stop at an epoch's end has nothing new to save."""
+        if stopped.progress.step:
+            self._save(replace(self.state, progress=stopped.progress), is_best=False)
+
+    def _save(self, state: TrainingState, is_best: bool) -> None:
+        # Every rank's RNG states and progress are gathered; only rank 0 writes.
+        per_rank = distributed.all_gather_object((_capture_rng(), state.progress.to_dict()))
         if not self.env.is_main:
             return
-        state = {
+        training_state = {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "epoch": epoch,
-            "best_acc": best_acc,
+            "epoch": state.epochs_done,
+            "best_acc": state.best_acc,
             "rng": [rng for rng, _ in per_rank],
             "progress": [rank_progress for _, rank_progress in per_rank],
         }
-        staging = self.directory / SAVING
+        staging = self.directory / _SAVING
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
-            save_synced(distributed.unwrap(self.model).state_dict(), staging / (LAST + WEIGHTS))
-            save_synced(state, staging / (LAST + STATE))
+            _save_synced(distributed.unwrap(self.model).state_dict(), staging / LAST)
+            _save_synced(training_state, (staging / LAST).with_suffix(_STATE))
             if is_best:
-                for suffix in (WEIGHTS, STATE):
-                    shutil.copyfile(staging / (LAST + suffix), staging / (BEST + suffix))
-            staging.rename(self.directory / SAVED)
+                for name in (LAST, Path(LAST).with_suffix(_STATE).name):
+                    shutil.copyfile(staging / name, staging / name.replace("last", "best"))
+            staging.rename(self.directory / _SAVED)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
-        move_saved_into_place(self.directory)
+        _move_saved_into_place(self.directory)
 
-    def resume(self, how: str) -> tuple[int, float, EpochProgress]:
-        """Load the checkpoint `how` names (auto, none or a path).
+    def resume(self, how: str) -> TrainingState:
+        """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
 
-        Returns the epochs done, the best accuracy and this rank's progress into the next
-        epoch. Every rank loads it, and all must find the same point: a machine that cannot
-        see the checkpoint would otherwise start afresh and train a different model.
+        Every rank loads it, and all must find the same point: a machine that cannot see the
+        checkpoint would otherwise start afresh and train a different model.
         """
         if self.env.is_main:
-            finish_interrupted_save(self.directory)
+            _finish_interrupted_save(self.directory)
         distributed.barrier()
-        epoch, best_acc, progress = self._load(how)
-        points = distributed.all_gather_object((epoch, progress.step))
+        self.state = self._load(how)
+        points = distributed.all_gather_object((self.state.epochs_done, self.state.progress.step))
         if len(set(points)) > 1:
             raise UserError(
                 f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
                 "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
             )
-        return epoch, best_acc, progress
+        _reapply_schedule(self.scheduler)
+        return self.state
 
-    def _load(self, how: str) -> tuple[int, float, EpochProgress]:
+    def _load(self, how: str) -> TrainingState:
         if how == "none":
-            return 0, 0.0, EpochProgress()
+            return TrainingState()
         path = self.last_path if how == "auto" else Path(how)
-        weights_path, state_path = path.with_suffix(WEIGHTS), path.with_suffix(STATE)
+        weights_path, state_path = path.with_suffix(".pdparams"), path.with_suffix(_STATE)
         if not weights_path.exists():
             if how == "auto":
-                return 0, 0.0, EpochProgress()
+                return TrainingState()
             raise UserError(
                 f"checkpoint {weights_path} not found: pass --resume auto, none, or an existing .pdparams file"
             )
         if not state_path.exists():
             raise UserError(
                 f"{weights_path} is not a checkpoint written by run.py (it has no {state_path.name} beside it): "
-                f"pass --resume with a {LAST}{WEIGHTS} or {BEST}{WEIGHTS}, or start in a new --output-dir "
+                f"pass --resume with a {LAST} or {BEST}, or start in a new --output-dir "
                 "(to start from these weights, set_state_dict() them in build_model())"
             )
-        weights, state = load_file(weights_path), load_file(state_path)
+        weights, state = _load_file(weights_path), _load_file(state_path)
         if not isinstance(weights, dict) or not isinstance(state, dict) or not all(key in state for key in STATE_KEYS):
             raise UserError(
                 f"{weights_path} is not a checkpoint written by run.py ({state_path.name} needs {', '.join(STATE_KEYS)}): "
-                f"pass --resume with a {LAST}{WEIGHTS} or {BEST}{WEIGHTS}, or start in a new --output-dir"
+                f"pass --resume with a {LAST} or {BEST}, or start in a new --output-dir"
             )
         model = distributed.unwrap(self.model)
-        problem = mismatch(model.state_dict(), weights)
+        problem = _mismatch(model.state_dict(), weights)
         if problem:
             raise UserError(
                 f"checkpoint {weights_path} does not match the model ({problem}): use a new --output-dir for a new model"
@@ -137,7 +152,7 @@ class Checkpointer:
             self.scaler.load_state_dict(state["scaler"])
         progress = EpochProgress()
         if len(state["rng"]) == self.env.world_size:
-            restore_rng(state["rng"][self.env.rank])
+            _restore_rng(state["rng"][self.env.rank])
             progress = EpochProgress(**state["progress"][self.env.rank])
         else:
             log.warning(
@@ -148,10 +163,19 @@ class Checkpointer:
             log.info("resumed from %s (epoch %d, step %d)", weights_path, state["epoch"] + 1, progress.step)
         else:
             log.info("resumed from %s (epoch %d)", weights_path, state["epoch"])
-        return state["epoch"], state["best_acc"], progress
+        return TrainingState(state["epoch"], state["best_acc"], progress)
 
 
-def save_synced(obj, path: Path) -> None:
+def _reapply_schedule(scheduler: paddle.optimizer.lr.LRScheduler) -> None:
+    """Set the learning rate the schedule gives at its current epoch.
+
+    After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
+    --epochs has changed; the optimizer takes last_lr at every step.
+    """
+    scheduler.last_lr = scheduler.get_lr()
+
+
+def _save_synced(obj, path: Path) -> None:
     """paddle.save, then wait until the bytes are on disk: the rename that follows must not outrun them."""
     paddle.save(obj, str(path))
     descriptor = os.open(path, os.O_RDONLY)
@@ -161,32 +185,32 @@ def save_synced(obj, path: Path) -> None:
         os.close(descriptor)
 
 
-def move_saved_into_place(directory: Path) -> None:
-    saved = directory / SAVED
+def _move_saved_into_place(directory: Path) -> None:
+    saved = directory / _SAVED
     for path in sorted(saved.iterdir()):
         os.replace(path, directory / path.name)
     saved.rmdir()
 
 
-def finish_interrupted_save(directory: Path) -> None:
+def _finish_interrupted_save(directory: Path) -> None:
     """Complete a committed save, or drop an uncommitted one, that a crash interrupted."""
-    if (directory / SAVED).is_dir():
+    if (directory / _SAVED).is_dir():
         log.warning("completing the checkpoint save that was interrupted in %s", directory)
-        move_saved_into_place(directory)
-    shutil.rmtree(directory / SAVING, ignore_errors=True)
+        _move_saved_into_place(directory)
+    shutil.rmtree(directory / _SAVING, ignore_errors=True)
 
 
-def load_file(path: Path):
+def _load_file(path: Path):
     try:
         return paddle.load(str(path))
     except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
         raise UserError(
             f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): continue from another one "
-            f"with --resume {path.with_name(BEST + WEIGHTS)}, or start in a new --output-dir"
+            f"with --resume {path.with_name(BEST)}, or start in a new --output-dir"
         ) from None
 
 
-def mismatch(expected: dict, saved: dict) -> str | None:
+def _mismatch(expected: dict, saved: dict) -> str | None:
     """The first difference between the model's state dict and a saved one, in words; None if they fit."""
     for key, value in expected.items():
         if key not in saved:
@@ -198,7 +222,7 @@ def mismatch(expected: dict, saved: dict) -> str | None:
     return f"{extra[0]} is not in the model" if extra else None
 
 
-def capture_rng() -> dict:
+def _capture_rng() -> dict:
     name, keys, *rest = np.random.get_state()
     return {
         "python": random.getstate(),
@@ -208,7 +232,7 @@ def capture_rng() -> dict:
     }
 
 
-def restore_rng(state: dict) -> None:
+def _restore_rng(state: dict) -> None:
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))

@@ -34,7 +34,7 @@ class DistEnv:
     rank: int
     local_rank: int
     world_size: int
-    device: str  # "cpu" or "gpu:N", as paddle.set_device() takes it
+    device: str  # the framework's own device value: "cpu" or "gpu:N" as paddle.set_device() takes it; PyTorch's torch.device
 
     @property
     def is_main(self) -> bool:
@@ -74,13 +74,13 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
         # fleetrun: fleet.init() joins in wrap_model() (paddle.Model under highlevel); joining here first makes it warn.
         if LAUNCHER != "fleetrun":
-            with without_flag_table():
+            with _without_flag_table():
                 dist.init_parallel_env()
     return DistEnv(rank, local_rank, world_size, this_device)
 
 
 @contextlib.contextmanager
-def without_flag_table():
+def _without_flag_table():
     """Drop the "Modified FLAGS detected" table paddle prints to stderr at every init_parallel_env().
 
     It lists a flag paddle sets itself, on every start, and says nothing about this run.
@@ -123,7 +123,10 @@ def all_gather_object(obj) -> list:
 
 
 def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:
-    """paddle.DataParallel on several ranks; under fleetrun fleet.init() joins, fleet.distributed_model() wraps."""
+    """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
+
+    Under fleetrun fleet.init() joins here and fleet.distributed_model() wraps.
+    """
     if env.world_size == 1:
         return model
     if LAUNCHER != "fleetrun":
@@ -133,7 +136,7 @@ def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: boo
     fleet.set_log_level(quiet)
     strategy = fleet.DistributedStrategy()
     strategy.find_unused_parameters = find_unused_parameters
-    with without_flag_table(), warnings.catch_warnings():
+    with _without_flag_table(), warnings.catch_warnings():
         # Each rank makes every group, its own and the others' (of which it is told it is no member).
         warnings.filterwarnings("ignore", "Current global rank")
         fleet.init(is_collective=True, strategy=strategy, log_level=quiet)
@@ -154,7 +157,7 @@ def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:
 def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
     nproc = int(os.environ.get("NPROC_PER_NODE", paddle.device.cuda.device_count() or 1))
-    if LAUNCHER != "spawn" or nproc == 1 or "PADDLE_TRAINER_ID" in os.environ:
+    if LAUNCHER != "spawn" or nproc == 1 or launched_as_rank():
         worker(args)
         return
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
@@ -180,6 +183,11 @@ def _forward(signum: int, processes) -> None:
     for process in processes:
         if process.is_alive():
             os.kill(process.pid, signum)
+
+
+def launched_as_rank() -> bool:
+    """True when a launcher (launch, fleetrun, spawn, a platform) already started this process as one rank."""
+    return "PADDLE_TRAINER_ID" in os.environ
 
 
 def _spawned(worker, args) -> None:

@@ -8,66 +8,61 @@ import contextlib
 import logging
 import math
 import random
-import sys
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle.io import DataLoader
-from tqdm import tqdm
 
-from . import distributed
+from . import distributed, loaders
 from .distributed import DistEnv
-from .preemption import EpochProgress, StopRequest
+from .logs import progress_bar
+from .preemption import Stopped, StopRequest
+from .state import EpochProgress
 
 log = logging.getLogger(__name__)
 
 
-def progress_bar(iterable, env: DistEnv, desc: str):
-    """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
-    return tqdm(iterable, desc=desc, leave=False, disable=not (env.is_main and sys.stderr.isatty()))
-
-
 def train_one_epoch(
-    model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int, progress: EpochProgress,
-    stop: StopRequest,
-) -> dict | None:  # fmt: skip
-    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks.
+    model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
+    stop: StopRequest, grad_accum: int = 1, log_every: int = 50,
+) -> dict:  # fmt: skip
+    """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate.
 
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
-    `stop` asks for it, the pass ends early after an optimizer step: `progress` then says where,
-    and the return value is None.
+    `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
     """
     model.train()
+    sampler = loaders.train_sampler(loader)
+    sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+    sampler.skip_batches = progress.step
+    lr = optimizer.get_lr()
     loss_sum = paddle.to_tensor(progress.loss_sum, dtype="float32")
     seen = progress.seen
-    loader.batch_sampler.skip = progress.step
     steps = progress.step + len(loader)
     use_amp = scaler.is_enable()
-    for step, (images, labels) in enumerate(progress_bar(loader, env, f"epoch {epoch}"), start=progress.step + 1):
-        steps_now = step % args.grad_accum == 0 or step == steps
+    for step, (images, labels) in enumerate(progress_bar(loader, env.is_main, f"epoch {epoch}"), progress.step + 1):
+        steps_now = step % grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
             with paddle.amp.auto_cast(enable=use_amp):
                 loss = F.cross_entropy(model(images), labels)
-            scaler.scale(loss / args.grad_accum).backward()
+            scaler.scale(loss / grad_accum).backward()
         if steps_now:
             scaler.step(optimizer)
             scaler.update()
             optimizer.clear_grad()
         loss_sum += loss.detach() * len(labels)
         seen += len(labels)
-        if step % args.log_every == 0 and env.is_main:
+        if step % log_every == 0 and env.is_main:
             log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, loss_sum.item() / seen)
-        # The last step needs no check: run.py checks again once the epoch is saved.
+        # The last step needs no check: the vote after the epoch's save covers it.
         if steps_now and step < steps and stop.stop_now(env):
-            progress.step, progress.loss_sum, progress.seen = step, loss_sum.item(), seen
-            return None
+            raise Stopped(epoch, EpochProgress(step, loss_sum.item(), seen))
     total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
-    # DistributedBatchSampler repeats a few samples so every rank gets as many; they are not distinct.
-    padding = loader.batch_sampler.total_size - len(loader.dataset)
-    return {"loss": total_loss / total_seen, "samples": int(total_seen) - padding}
+    # The sampler repeats a few samples so every rank gets as many; they are not distinct.
+    return {"loss": total_loss / total_seen, "samples": int(total_seen) - sampler.padding, "lr": lr}
 
 
 @paddle.no_grad()
@@ -95,19 +90,20 @@ def seed_everything(seed: int) -> None:
     paddle.seed(seed)
 
 
-def cosine_schedule(lr: float, epochs: int) -> paddle.optimizer.lr.LambdaDecay:
-    """Cosine decay from `lr` towards 0 over `epochs`, stepped once per epoch.
+def cosine_schedule(optimizer, epochs: int) -> paddle.optimizer.lr.LambdaDecay:
+    """Cosine decay from the optimizer's learning rate towards 0 over `epochs`, stepped once per epoch.
 
     A closed form of the epoch: a run resumed with a larger --epochs follows the new horizon
     (CosineAnnealingDecay derives each rate from the previous one, so it would keep the old one).
+    The schedule is attached to the optimizer, which saves it with its own state.
     """
-    return paddle.optimizer.lr.LambdaDecay(lr, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
+    scheduler = paddle.optimizer.lr.LambdaDecay(
+        optimizer.get_lr(), lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs))
+    )
+    optimizer.set_lr_scheduler(scheduler)
+    return scheduler
 
 
-def reapply_schedule(scheduler: paddle.optimizer.lr.LRScheduler) -> None:
-    """Set the learning rate the schedule gives at its current epoch.
-
-    After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
-    --epochs has changed; the optimizer takes last_lr at every step.
-    """
-    scheduler.last_lr = scheduler.get_lr()
+def grad_scaler(enabled: bool) -> paddle.amp.GradScaler:
+    """Loss scaling for mixed precision (GPU only); a pass-through when disabled."""
+    return paddle.amp.GradScaler(enable=enabled)

@@ -20,13 +20,13 @@ def main() -> None:
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
     if join_timeout > 0:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
-        threading.Thread(target=give_up_unless_started, args=(first_log, join_timeout), daemon=True).start()
+        threading.Thread(target=_give_up_unless_started, args=(first_log, join_timeout), daemon=True).start()
     from paddle.distributed.launch.main import launch
 
     launch()
 
 
-def give_up_unless_started(first_log: Path, join_timeout: float) -> None:
+def _give_up_unless_started(first_log: Path, join_timeout: float) -> None:
     deadline = time.monotonic() + join_timeout
     while not first_log.exists():
         if time.monotonic() > deadline:

@@ -25,25 +25,40 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
-class ResumableBatchSampler(DistributedBatchSampler):
-    """A DistributedBatchSampler that can begin its epoch after the first `skip` batches: a stopped epoch goes on."""
+class ResumableSampler(DistributedBatchSampler):
+    """A DistributedBatchSampler that can begin its epoch after `skip_batches` batches: a stopped epoch goes on.
 
-    skip = 0
+    It pads the shards to equal length with `padding` repeated samples, so every rank takes as many steps.
+    `seed` is not used: Paddle's sampler shuffles by the epoch alone (PyTorch's by seed + epoch).
+    """
+
+    skip_batches = 0
+
+    def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int):
+        super().__init__(dataset, batch_size, num_replicas=env.world_size, rank=env.rank, shuffle=True)
 
     def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip, None)
+        return itertools.islice(super().__iter__(), self.skip_batches, None)
 
     def __len__(self) -> int:
-        return super().__len__() - self.skip
+        return max(super().__len__() - self.skip_batches, 0)
+
+    @property
+    def padding(self) -> int:
+        return self.total_size - len(self.dataset)
 
 
-def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
-    """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
-    train_sampler = ResumableBatchSampler(
-        train_set, args.batch_size, num_replicas=env.world_size, rank=env.rank, shuffle=True
-    )
-    val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=args.batch_size)
-    common = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
-    train_loader = DataLoader(train_set, batch_sampler=train_sampler, **common)
+def build_loaders(
+    train_set: Dataset, val_set: Dataset, batch_size: int, workers: int, seed: int, env: DistEnv
+) -> tuple[DataLoader, DataLoader]:
+    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch()."""
+    common = dict(num_workers=workers, persistent_workers=workers > 0)
+    train_loader = DataLoader(train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **common)
+    val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=batch_size)
     val_loader = DataLoader(val_set, batch_sampler=val_sampler, **common)
     return train_loader, val_loader
+
+
+def train_sampler(loader: DataLoader) -> ResumableSampler:
+    """The training loader's ResumableSampler (a sampler of batches here, of samples in PyTorch)."""
+    return loader.batch_sampler

@@ -14,7 +14,8 @@ from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.preemption import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import Stopped
+from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -22,7 +23,7 @@ CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 def build_checkpointer(directory, out_features: int = 3, model: nn.Module | None = None) -> Checkpointer:
     model = model or nn.Linear(4, out_features)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+    scheduler = engine.cosine_schedule(optimizer, 10)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     return Checkpointer(directory, CPU, model, optimizer, scheduler, scaler)
 
@@ -52,11 +53,17 @@ def assert_same_tensors(left: dict, right: dict) -> None:
         torch.testing.assert_close(left[key], right[key], rtol=0, atol=0)
 
 
+def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
+    """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
+    saver.state = TrainingState(epoch - 1, 0.0 if is_best else best_acc)
+    saver.end_epoch(epoch, best_acc if is_best else 0.0)
+
+
 def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tmp_path):
     saver = build_checkpointer(tmp_path)
     take_steps(saver)
 
-    saver.save(epoch=3, best_acc=0.5, is_best=False)
+    save_epoch(saver, 3, 0.5, False)
 
     state = load(tmp_path / "last.pt")
     assert {"model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng"} <= state.keys()
@@ -81,7 +88,7 @@ def test_weights_saved_from_a_ddp_model_have_no_module_prefix(tmp_path, process_
     saver = build_checkpointer(tmp_path / "checkpoints", model=DistributedDataParallel(plain))
     assert all(key.startswith("module.") for key in saver.model.state_dict())
 
-    saver.save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(saver, 1, 0.1, False)
 
     weights = load(tmp_path / "checkpoints/last.pt")["model"]
     assert sorted(weights) == ["bias", "weight"]
@@ -91,16 +98,18 @@ def test_weights_saved_from_a_ddp_model_have_no_module_prefix(tmp_path, process_
 
 
 def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False, progress=EpochProgress(7, 3.25, 112))
+    saver = build_checkpointer(tmp_path)
+    saver.state = TrainingState(2, 0.5)
+    saver.save_stopped(Stopped(3, EpochProgress(7, 3.25, 112)))
 
-    assert build_checkpointer(tmp_path).resume("auto") == (2, 0.5, EpochProgress(7, 3.25, 112))
+    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(2, 0.5, EpochProgress(7, 3.25, 112))
 
 
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
     torch.manual_seed(1)
     saver = build_checkpointer(tmp_path)
     take_steps(saver)
-    saver.save(epoch=2, best_acc=0.75, is_best=True)
+    save_epoch(saver, 2, 0.75, True)
     numbers_after_save = draw_random_numbers()
     saved_model = {k: v.clone() for k, v in saver.model.state_dict().items()}
     saved_optimizer = saver.optimizer.state_dict()
@@ -111,7 +120,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     resumer = build_checkpointer(tmp_path)
     assert (resumer.model.weight != saved_model["weight"]).any()
 
-    assert resumer.resume("auto") == (2, 0.75, EpochProgress())
+    assert resumer.resume("auto") == TrainingState(2, 0.75, EpochProgress())
 
     assert draw_random_numbers() == numbers_after_save
     assert_same_tensors(resumer.model.state_dict(), saved_model)
@@ -124,22 +133,24 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == (0, 0.0, EpochProgress())
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, 0.0, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=4, best_acc=0.9, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 4, 0.9, False)
     fresh = build_checkpointer(tmp_path)
     weights = {k: v.clone() for k, v in fresh.model.state_dict().items()}
 
-    assert fresh.resume("none") == (0, 0.0, EpochProgress())
+    assert fresh.resume("none") == TrainingState(0, 0.0, EpochProgress())
     assert_same_tensors(fresh.model.state_dict(), weights)
 
 
 def test_resume_from_an_explicit_path_loads_that_file(tmp_path):
-    build_checkpointer(tmp_path / "old").save(epoch=5, best_acc=0.6, is_best=False)
+    save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt")) == (5, 0.6, EpochProgress())
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt")) == TrainingState(
+        5, 0.6, EpochProgress()
+    )
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):
@@ -152,24 +163,24 @@ def test_resume_from_a_missing_path_says_so(tmp_path):
 def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
     saver = build_checkpointer(tmp_path)
 
-    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    save_epoch(saver, 1, 0.5, True)
     assert load(tmp_path / "best.pt")["epoch"] == 1
 
-    saver.save(epoch=2, best_acc=0.5, is_best=False)
+    save_epoch(saver, 2, 0.5, False)
     assert load(tmp_path / "best.pt")["epoch"] == 1
     assert load(tmp_path / "last.pt")["epoch"] == 2
 
-    saver.save(epoch=3, best_acc=0.8, is_best=True)
+    save_epoch(saver, 3, 0.8, True)
     assert load(tmp_path / "best.pt")["epoch"] == 3
 
 
 def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
-    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.0, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 1, 0.0, False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
 def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
-    build_checkpointer(tmp_path, out_features=3).save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(build_checkpointer(tmp_path, out_features=3), 1, 0.1, False)
     other = build_checkpointer(tmp_path, out_features=5)
 
     with pytest.raises(UserError, match="does not match the model") as error:
@@ -184,7 +195,7 @@ def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
 def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage):
-    build_checkpointer(tmp_path).save(epoch=1, best_acc=0.1, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 1, 0.1, False)
     path = tmp_path / "last.pt"
     data = path.read_bytes()
     damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
@@ -198,14 +209,14 @@ def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage):
 def test_saving_leaves_no_temporary_file(tmp_path):
     saver = build_checkpointer(tmp_path)
     for epoch in (1, 2, 3):
-        saver.save(epoch=epoch, best_acc=0.1 * epoch, is_best=True)
+        save_epoch(saver, epoch, 0.1 * epoch, True)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
 
 def test_crash_while_saving_keeps_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
     saver = build_checkpointer(tmp_path)
-    saver.save(epoch=1, best_acc=0.5, is_best=True)
+    save_epoch(saver, 1, 0.5, True)
 
     def disk_full(state, file):
         file.write(b"half a checkpoint")
@@ -213,7 +224,7 @@ def test_crash_while_saving_keeps_the_previous_checkpoint_and_no_temporary_file(
 
     monkeypatch.setattr(checkpoint.torch, "save", disk_full)
     with pytest.raises(OSError):
-        saver.save(epoch=2, best_acc=0.9, is_best=True)
+        save_epoch(saver, 2, 0.9, True)
     monkeypatch.undo()
 
     assert load(tmp_path / "last.pt")["epoch"] == 1
@@ -229,7 +240,7 @@ def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
 
 
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
-    build_checkpointer(tmp_path).save(epoch=2, best_acc=0.5, is_best=False)
+    save_epoch(build_checkpointer(tmp_path), 2, 0.5, False)
     # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
     monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
 
@@ -246,14 +257,13 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
         scheduler = engine.cosine_schedule(optimizer, total_epochs)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, scheduler, scaler)
-        checkpointer.resume(resume)
-        engine.reapply_schedule(scheduler)
+        checkpointer.resume(resume)  # which also puts the schedule's rate back
         rates = []
         for epoch in run_epochs:
             rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             scheduler.step()
-            checkpointer.save(epoch=epoch, best_acc=0.0, is_best=False)
+            save_epoch(checkpointer, epoch, 0.0, False)
         return rates
 
     fresh = learning_rates(4, range(1, 5), resume="none")

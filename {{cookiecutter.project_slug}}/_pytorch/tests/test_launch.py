@@ -2,7 +2,7 @@
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import distributed
+from {{ cookiecutter.project_slug }} import cli, distributed
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 
@@ -49,7 +49,11 @@ def test_ranks_come_from_the_launcher_or_slurm_and_default_to_one_process(clean_
 def test_local_rank_comes_from_the_environment_first_and_the_old_launch_flag_second(clean_env):
     clean_env.setenv("RANK", "3")
     clean_env.setenv("WORLD_SIZE", "4")
-    assert distributed.read_ranks(local_rank_flag=1) == (3, 1, 4)
+    clean_env.setenv("LOCAL_RANK", "")
+    clean_env.delenv("LOCAL_RANK")  # so that the variable the flag sets is removed after the test
+    cli.parse_args(["--local-rank", "1"])  # what an old torch.distributed.launch passes alone
+    assert distributed.read_ranks() == (3, 1, 4)
 
     clean_env.setenv("LOCAL_RANK", "2")
-    assert distributed.read_ranks(local_rank_flag=1) == (3, 2, 4)
+    cli.parse_args(["--local-rank", "1"])
+    assert distributed.read_ranks() == (3, 2, 4)

@@ -9,6 +9,7 @@ dropout, whose results depend on how a batch is split.
 """
 
 import os
+import socket
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, distributed, engine, loaders, preemption
+from {{ cookiecutter.project_slug }} import distributed, engine, loaders
+from {{ cookiecutter.project_slug }}.preemption import StopRequest
+from {{ cookiecutter.project_slug }}.state import EpochProgress
 
 pytestmark = pytest.mark.slow
 
@@ -42,20 +45,16 @@ def train(batch_size: int, grad_accum: int) -> dict:
     """Train with the project's loaders, DDP wrapper and loop; return parameters and per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
-        args = cli.parse_args(
-            ["--batch-size", str(batch_size), "--grad-accum", str(grad_accum), "--seed", "5", "--no-amp"]
-        )
-        train_loader, _ = loaders.build_loaders(dataset(), dataset(), args, env)
+        train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
         model = distributed.wrap_model(small_mlp(), env)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        epochs = []
-        for epoch in range(1, EPOCHS + 1):
-            train_loader.sampler.set_epoch(epoch)
-            progress, stop = preemption.EpochProgress(), preemption.StopRequest()
-            epochs.append(
-                engine.train_one_epoch(model, train_loader, optimizer, scaler, env, args, epoch, progress, stop)
+        scaler = engine.grad_scaler(False)
+        epochs = [
+            engine.train_one_epoch(
+                model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), grad_accum
             )
+            for epoch in range(1, EPOCHS + 1)
+        ]
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [p.detach().numpy().copy() for p in distributed.unwrap(model).parameters()],
@@ -80,11 +79,17 @@ def rank_worker(rank: int, world_size: int, port: int, batch_size: int, grad_acc
     )
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
     """Train in world_size spawned processes joined by gloo; every rank's result."""
     out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
     out_dir.mkdir()
-    port = distributed.free_port()
+    port = free_port()
     mp.spawn(rank_worker, args=(world_size, port, batch_size, grad_accum, str(out_dir)), nprocs=world_size)
     results = []
     for rank in range(world_size):

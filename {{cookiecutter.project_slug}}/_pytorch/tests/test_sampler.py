@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.project_slug }} import cli, engine, loaders
+from {{ cookiecutter.project_slug }} import engine, loaders
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 
 CPU = torch.device("cpu")
@@ -26,8 +26,7 @@ def samples_seen(loader) -> list[int]:
 
 
 def train_and_val_loaders(size: int, rank: int, world_size: int, batch_size: int = 4):
-    args = cli.parse_args(["--batch-size", str(batch_size), "--seed", "7"])
-    return loaders.build_loaders(numbered(size), numbered(size), args, env_of(rank, world_size))
+    return loaders.build_loaders(numbered(size), numbered(size), batch_size, 0, 7, env_of(rank, world_size))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -56,7 +55,7 @@ def test_training_shards_together_cover_the_dataset_every_epoch(world_size):
         shards = []
         for rank in range(world_size):
             train_loader, _ = train_and_val_loaders(size, rank, world_size)
-            train_loader.sampler.set_epoch(epoch)
+            loaders.train_sampler(train_loader).set_epoch(epoch)
             shards.append(samples_seen(train_loader))
 
         # Every rank runs the same number of steps, or DDP would wait forever for the shorter one.
@@ -73,7 +72,7 @@ def test_training_order_changes_every_epoch_and_is_the_same_in_every_process():
         for rank in range(world_size):
             for attempt in ("first process", "restarted process"):
                 train_loader, _ = train_and_val_loaders(size, rank, world_size)
-                train_loader.sampler.set_epoch(epoch)
+                loaders.train_sampler(train_loader).set_epoch(epoch)
                 orders[epoch, rank, attempt] = samples_seen(train_loader)
 
     for rank in range(world_size):
@@ -87,9 +86,8 @@ def test_evaluate_reports_loss_and_accuracy_over_every_validation_sample_once():
     logits = torch.tensor([[2.0, 0.0, 0.0]] * 4 + [[0.0, 3.0, 0.0]] * 3 + [[0.0, 0.0, 1.0]] * 3)
     labels = torch.tensor([0, 0, 1, 2, 1, 1, 1, 2, 2, 0])
     val_set = TensorDataset(logits, labels)
-    args = cli.parse_args(["--batch-size", "4"])  # 10 samples: batches of 4, 4 and 2
     env = env_of(0, 1)
-    _, val_loader = loaders.build_loaders(val_set, val_set, args, env)
+    _, val_loader = loaders.build_loaders(val_set, val_set, 4, 0, 0, env)  # 10 samples: batches of 4, 4 and 2
 
     stats = engine.evaluate(nn.Identity(), val_loader, env, use_amp=False)
 
@@ -103,7 +101,7 @@ def test_evaluate_leaves_the_model_in_eval_mode_and_does_not_train_it():
     weights = model.weight.detach().clone()
     val_set = TensorDataset(torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1]))
     env = env_of(0, 1)
-    _, val_loader = loaders.build_loaders(val_set, val_set, cli.parse_args(["--batch-size", "4"]), env)
+    _, val_loader = loaders.build_loaders(val_set, val_set, 4, 0, 0, env)
 
     engine.evaluate(model, val_loader, env, use_amp=False)
 

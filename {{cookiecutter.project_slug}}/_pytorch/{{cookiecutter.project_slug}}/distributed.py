@@ -28,32 +28,40 @@ class DistEnv:
     rank: int
     local_rank: int
     world_size: int
-    device: torch.device
+    device: torch.device  # the framework's own device value: a torch.device here, a paddle device string in Paddle
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
 
-def read_ranks(local_rank_flag: int | None = None) -> tuple[int, int, int]:
+
+def read_ranks() -> tuple[int, int, int]:
     """(global rank, local rank, world size) as the launcher, or SLURM, tells them.
 
-    LOCAL_RANK wins over the --local-rank flag, which only old torch.distributed.launch versions pass alone.
+    (cli.py turns the --local-rank flag of old torch.distributed.launch versions into LOCAL_RANK.)
     """
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return int(env["RANK"]), int(env.get("LOCAL_RANK", local_rank_flag or 0)), int(env["WORLD_SIZE"])
+        return int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"])
     if int(env.get("SLURM_NTASKS", 1)) > 1:
         return int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]), int(env["SLURM_NTASKS"])
     return 0, 0, 1
 
 
-def setup(device: str = "auto", timeout_s: float = 1800.0, local_rank_flag: int | None = None) -> DistEnv:
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
-    rank, local_rank, world_size = read_ranks(local_rank_flag)
-    if device == "gpu" and not torch.cuda.is_available():
+    rank, local_rank, world_size = read_ranks()
+    if device == "gpu" and not gpu_available():
         raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
-    use_gpu = device != "cpu" and torch.cuda.is_available()
+    use_gpu = device != "cpu" and gpu_available()
     if use_gpu:
         # Without this every rank would allocate on GPU 0.
         torch.cuda.set_device(local_rank)
@@ -106,10 +114,17 @@ def all_gather_object(obj) -> list:
 
 
 def wrap_model(model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> torch.nn.Module:
+    """The model on this rank's device, in DistributedDataParallel on several ranks."""
+    model = model.to(env.device)
     if env.world_size == 1:
         return model
-    device_ids = [env.local_rank] if env.device.type == "cuda" else None
+    device_ids = [env.local_rank] if env.on_gpu else None
     return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+
+
+def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer as the training loop uses it: DDP needs no wrapper (Paddle's fleet does)."""
+    return optimizer
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -126,7 +141,7 @@ def launch(worker, args) -> None:
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # One machine: any free port. Several: the port all machines were told (run.sh's default too).
-    os.environ.setdefault("MASTER_PORT", str(free_port()) if nnodes == 1 else "29500")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()) if nnodes == 1 else "29500")
     # After a rank fails, spawn logs that it terminates each other one: the failed rank's own error says more.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     ranks = mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=False)
@@ -165,7 +180,7 @@ def _spawned(local_rank: int, worker, args, nproc: int, nnodes: int) -> None:
     worker(args)
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -8,68 +8,63 @@ import contextlib
 import logging
 import math
 import random
-import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
-from . import distributed
+from . import distributed, loaders
 from .distributed import DistEnv
-from .preemption import EpochProgress, StopRequest
+from .logs import progress_bar
+from .preemption import Stopped, StopRequest
+from .state import EpochProgress
 
 log = logging.getLogger(__name__)
 
 
-def progress_bar(iterable, env: DistEnv, desc: str):
-    """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
-    return tqdm(iterable, desc=desc, leave=False, disable=not (env.is_main and sys.stderr.isatty()))
-
-
 def train_one_epoch(
-    model, loader: DataLoader, optimizer, scaler, env: DistEnv, args, epoch: int, progress: EpochProgress,
-    stop: StopRequest,
-) -> dict | None:  # fmt: skip
-    """One pass over this rank's shard; returns the mean loss and the distinct samples seen by all ranks.
+    model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
+    stop: StopRequest, grad_accum: int = 1, log_every: int = 50,
+) -> dict:  # fmt: skip
+    """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate.
 
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
-    `stop` asks for it, the pass ends early after an optimizer step: `progress` then says where,
-    and the return value is None.
+    `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
     """
     model.train()
+    sampler = loaders.train_sampler(loader)
+    sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+    sampler.skip_batches = progress.step
+    lr = optimizer.param_groups[0]["lr"]
     loss_sum = torch.tensor(progress.loss_sum, device=env.device)
     seen = progress.seen
-    loader.sampler.skip = progress.step * args.batch_size
     steps = progress.step + len(loader)
     use_amp = scaler.is_enabled()
-    for step, (images, labels) in enumerate(progress_bar(loader, env, f"epoch {epoch}"), start=progress.step + 1):
+    for step, (images, labels) in enumerate(progress_bar(loader, env.is_main, f"epoch {epoch}"), progress.step + 1):
         images = images.to(env.device, non_blocking=True)
         labels = labels.to(env.device, non_blocking=True)
-        steps_now = step % args.grad_accum == 0 or step == steps
+        steps_now = step % grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
             with torch.autocast(env.device.type, enabled=use_amp):
                 loss = F.cross_entropy(model(images), labels)
-            scaler.scale(loss / args.grad_accum).backward()
+            scaler.scale(loss / grad_accum).backward()
         if steps_now:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.detach() * len(labels)
         seen += len(labels)
-        if step % args.log_every == 0 and env.is_main:
+        if step % log_every == 0 and env.is_main:
             log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, loss_sum.item() / seen)
-        # The last step needs no check: run.py checks again once the epoch is saved.
+        # The last step needs no check: the vote after the epoch's save covers it.
         if steps_now and step < steps and stop.stop_now(env):
-            progress.step, progress.loss_sum, progress.seen = step, loss_sum.item(), seen
-            return None
+            raise Stopped(epoch, EpochProgress(step, loss_sum.item(), seen))
     total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
-    # DistributedSampler repeats a few samples so every rank gets as many; they are not distinct.
-    padding = loader.sampler.total_size - len(loader.dataset)
-    return {"loss": total_loss / total_seen, "samples": int(total_seen) - padding}
+    # The sampler repeats a few samples so every rank gets as many; they are not distinct.
+    return {"loss": total_loss / total_seen, "samples": int(total_seen) - sampler.padding, "lr": lr}
 
 
 @torch.no_grad()
@@ -101,20 +96,13 @@ def seed_everything(seed: int) -> None:
 
 
 def cosine_schedule(optimizer, epochs: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Cosine decay from --lr towards 0 over `epochs`, stepped once per epoch.
+    """Cosine decay from the optimizer's learning rate towards 0 over `epochs`, stepped once per epoch.
 
     A closed form of the epoch: a run resumed with a larger --epochs follows the new horizon.
     """
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
 
 
-def reapply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
-    """Set the learning rate the schedule gives at its current epoch.
-
-    After a resume the optimizer holds the rate of the saved run's schedule, which a
-    larger --epochs has changed.
-    """
-    for group, base_lr, factor in zip(
-        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
-    ):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
+def grad_scaler(enabled: bool) -> torch.amp.GradScaler:
+    """Loss scaling for mixed precision (GPU only); a pass-through when disabled."""
+    return torch.amp.GradScaler("cuda", enabled=enabled)

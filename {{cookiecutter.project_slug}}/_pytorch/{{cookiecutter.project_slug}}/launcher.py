@@ -1,6 +1,6 @@
 """torchrun or torch.distributed.launch, ending a failed job with one line instead of a traceback.
 
-run.sh starts it as `python -m <package>.launcher torchrun|launch [launcher flags] run.py [ARGS]`.
+run.sh starts it as `python -m <package>.launcher [launcher flags] run.py [ARGS]`; settings.LAUNCHER says which.
 The launcher runs in this very process, so signals reach it as they would reach torchrun. When
 a worker fails, its own error is already on the console; the launcher's traceback and report box
 after it only bury that line.
@@ -15,10 +15,11 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .errors import STOPPED_STATUS
+from .settings import LAUNCHER
 
 
-def main(launcher: str) -> None:
-    if launcher == "launch":
+def main() -> None:
+    if LAUNCHER == "launch":
         # Deprecated upstream, still what some platforms call: its notice says nothing about this run.
         warnings.filterwarnings("ignore", category=FutureWarning)
         from torch.distributed.launch import main as start
@@ -48,4 +49,4 @@ def main(launcher: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv.pop(1))
+    main()

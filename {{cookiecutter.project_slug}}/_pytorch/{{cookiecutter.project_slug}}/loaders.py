@@ -24,29 +24,39 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
-class ResumableDistributedSampler(DistributedSampler):
-    """A DistributedSampler that can begin its epoch after the first `skip` samples: a stopped epoch goes on."""
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler that can begin its epoch after `skip_batches` batches: a stopped epoch goes on.
 
-    skip = 0
+    It pads the shards to equal length with `padding` repeated samples, so every rank takes as many steps.
+    """
+
+    skip_batches = 0
+
+    def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int):
+        super().__init__(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed)
+        self.batch_size = batch_size
 
     def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip, None)
+        return itertools.islice(super().__iter__(), self.skip_batches * self.batch_size, None)
 
     def __len__(self) -> int:
-        return self.num_samples - self.skip
+        return max(self.num_samples - self.skip_batches * self.batch_size, 0)
+
+    @property
+    def padding(self) -> int:
+        return self.total_size - len(self.dataset)
 
 
-def build_loaders(train_set: Dataset, val_set: Dataset, args, env: DistEnv) -> tuple[DataLoader, DataLoader]:
-    """Loaders of --batch-size samples per process; the train sampler reshuffles with set_epoch()."""
-    train_sampler = ResumableDistributedSampler(
-        train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed
-    )
-    common = dict(
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        pin_memory=env.device.type == "cuda",
-        persistent_workers=args.workers > 0,
-    )
-    train_loader = DataLoader(train_set, sampler=train_sampler, **common)
+def build_loaders(
+    train_set: Dataset, val_set: Dataset, batch_size: int, workers: int, seed: int, env: DistEnv
+) -> tuple[DataLoader, DataLoader]:
+    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch()."""
+    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0)
+    train_loader = DataLoader(train_set, sampler=ResumableSampler(train_set, batch_size, env, seed), **common)
     val_loader = DataLoader(val_set, sampler=ShardSampler(len(val_set), env), **common)
     return train_loader, val_loader
+
+
+def train_sampler(loader: DataLoader) -> ResumableSampler:
+    """The training loader's ResumableSampler (a sampler of samples here, of batches in Paddle)."""
+    return loader.sampler

@@ -1,9 +1,10 @@
-"""The network. Extension point: replace build_model() with your own.
+"""The network and its optimizer. Extension points: replace build_model() and build_optimizer() with your own.
 
-Any torch.nn.Module works: distributed.wrap_model() adds DDP around it, and
-checkpoints store the unwrapped model's state dict.
+Any torch.nn.Module works: distributed.wrap_model() moves it to the device and adds
+DDP around it, and checkpoints store the unwrapped model's state dict.
 """
 
+import torch
 from torch import nn
 
 
@@ -21,3 +22,8 @@ def build_model(num_classes: int) -> nn.Module:
         nn.ReLU(),
         nn.Linear(128, num_classes),
     )
+
+
+def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """SGD with momentum at --lr; run.py puts the cosine schedule on top of whatever this returns."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)

@@ -1,0 +1,95 @@
+"""What paddle.Model.fit needs around it: the model, the loss it minimises, and an epoch callback.
+
+fit() runs the training steps. EpochEnd, a fit callback, does per epoch what the basic
+loop (engine.train_one_epoch) does: it reshuffles the data, logs the loss, sums the loss
+and samples over all ranks and hands them to the caller's end-of-epoch function
+(validation, metrics, checkpoints); after each optimizer step it asks whether a SIGTERM
+stops the run, and then raises preemption.Stopped, as the basic loop does.
+"""
+
+import logging
+import time
+import warnings
+from dataclasses import replace
+
+import paddle
+import paddle.nn.functional as F
+from paddle.io import DataLoader
+
+from . import distributed, loaders
+from .distributed import DistEnv
+from .preemption import Stopped, StopRequest
+from .state import EpochProgress, TrainingState
+
+log = logging.getLogger(__name__)
+
+# fit() copies each batch with paddle.to_tensor(), which warns about it.
+warnings.filterwarnings("ignore", "To copy construct from a tensor")
+
+
+def paddle_model(network: paddle.nn.Layer) -> paddle.Model:
+    """paddle.Model around the network.
+
+    On several ranks it wraps the network in DataParallel itself, calling init_parallel_env()
+    (again; under fleetrun the first time: distributed.setup() leaves joining to fleet.init(), unused here).
+    """
+    with distributed._without_flag_table():  # the package's own helper, as setup() uses it
+        return paddle.Model(network)
+
+
+def accumulated_loss(grad_accum: int):
+    """Cross-entropy for Model.prepare().
+
+    fit() sums the gradients of --grad-accum micro-batches; each loss divided by
+    their number makes the sum a mean, as one big batch (and the basic loop) gives.
+    """
+    return lambda logits, labels: F.cross_entropy(logits, labels) / grad_accum
+
+
+class EpochEnd(paddle.callbacks.Callback):
+    """A fit() callback: per-epoch shuffle and loss lines, then end_epoch(epoch, train_stats, started) on every rank.
+
+    train_stats holds the mean loss, the distinct samples seen by all ranks and the learning rate
+    the epoch trained with, as the basic loop's train_one_epoch() returns them. fit() counts its
+    epochs from 0; the epochs here continue `state`: epochs_done + 1, ..., the first of them after
+    `state.progress.step` batches when a stopped epoch goes on.
+    """
+
+    def __init__(
+        self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
+        grad_accum: int = 1, log_every: int = 50,
+    ):  # fmt: skip
+        super().__init__()
+        self.loader, self.env, self.stop, self.end_epoch = loader, env, stop, end_epoch
+        self.first_epoch, self.progress = state.epochs_done, replace(state.progress)
+        self.grad_accum, self.log_every = grad_accum, log_every
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self.epoch = self.first_epoch + epoch + 1
+        self.started = time.perf_counter()
+        sampler = loaders.train_sampler(self.loader)
+        sampler.set_epoch(self.epoch)  # a new shuffle every epoch, the same on every rank
+        sampler.skip_batches = self.progress.step  # fit() starts iterating right after this
+        self.steps = self.progress.step + len(self.loader)
+        self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
+
+    def on_train_batch_end(self, step: int, logs=None) -> None:
+        batch = logs["batch_size"] // self.env.world_size  # fit reports the batch of all ranks together
+        # fit reports the loss of accumulated_loss(), divided by --grad-accum: undo that.
+        progress = self.progress
+        progress.loss_sum += logs["loss"][0] * self.grad_accum * batch
+        progress.seen += batch
+        progress.step += 1
+        if progress.step % self.log_every == 0 and self.env.is_main:
+            mean_loss = progress.loss_sum / progress.seen
+            log.info("epoch %d step %d/%d loss %.4f", self.epoch, progress.step, self.steps, mean_loss)
+        # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
+        if progress.step % self.grad_accum == 0 and progress.step < self.steps and self.stop.stop_now(self.env):
+            raise Stopped(self.epoch, progress)
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        total_loss, total_seen = distributed.all_reduce_sum([self.progress.loss_sum, self.progress.seen], self.env)
+        # The sampler repeats a few samples so every rank gets as many; they are not distinct.
+        samples = int(total_seen) - loaders.train_sampler(self.loader).padding
+        self.progress = EpochProgress()
+        self.end_epoch(self.epoch, {"loss": total_loss / total_seen, "samples": samples, "lr": self.lr}, self.started)

@@ -1,0 +1,76 @@
+"""Train the model: one process, or many started by run.sh.
+
+python run.py [--epochs N ...]      one process (CPU or one GPU)
+NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
+"""
+
+import time
+from pathlib import Path
+
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, loaders, logs, preemption
+from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
+from {{ cookiecutter.project_slug }}.data import build_datasets
+from {{ cookiecutter.project_slug }}.errors import explain_user_errors
+from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
+
+
+@explain_user_errors
+def train(args) -> None:
+    stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
+    env = distributed.setup(args.device, args.dist_timeout)
+    try:
+        log = logs.setup_logging(args.output_dir, env.rank)
+        archive.prepare_dataset(
+            args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
+            local_rank=env.local_rank,
+        )  # fmt: skip
+        train_set, val_set, num_classes = build_datasets(args)
+        train_loader, val_loader = loaders.build_loaders(
+            train_set, val_set, args.batch_size, args.workers, args.seed, env
+        )
+
+        engine.seed_everything(args.seed)  # the same initial weights on every rank
+        model = distributed.wrap_model(build_model(num_classes), env, args.find_unused_parameters)
+        engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
+        optimizer = build_optimizer(model, args.lr)
+        scheduler = engine.cosine_schedule(optimizer, args.epochs)
+        optimizer = distributed.wrap_optimizer(optimizer)
+        use_amp = args.amp and env.on_gpu
+        scaler = engine.grad_scaler(use_amp)
+
+        output_dir = Path(args.output_dir)
+        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler)
+        state = checkpoints.resume(args.resume)
+        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
+        metrics = logs.MetricsLog(
+            output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
+            world_size=env.world_size, global_batch_size=global_batch,
+        )  # fmt: skip
+        if state.epochs_done >= args.epochs:
+            log.info(
+                "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
+            )
+        try:
+            for epoch in range(state.epochs_done + 1, args.epochs + 1):
+                started = time.perf_counter()
+                train_stats = engine.train_one_epoch(
+                    model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
+                    grad_accum=args.grad_accum, log_every=args.log_every,
+                )  # fmt: skip
+                scheduler.step()
+                val_stats = engine.evaluate(model, val_loader, env, use_amp)
+                metrics.report(epoch, train_stats, val_stats, started)
+                checkpoints.end_epoch(epoch, val_stats["acc"])
+                stop.after_epoch(env, epoch, args.epochs)
+        except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
+            checkpoints.save_stopped(stopped)
+            preemption.leave(stopped, checkpoints.last_path)
+        log.info("done: best val_acc %.4f; checkpoint: %s", state.best_acc, checkpoints.last_path.resolve())
+        # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
+        distributed.barrier()
+    finally:
+        distributed.cleanup()
+
+
+if __name__ == "__main__":
+    distributed.launch(train, cli.parse_args())
