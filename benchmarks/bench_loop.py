@@ -1,6 +1,6 @@
 """Loop parity, interleaved: a baked project's training and validation loops against a plain loop.
 
-Runs loop_<framework>.py in one job of 2 processes per configuration: both loops train the same
+Runs loop_parity.py in one job of 2 processes per configuration: both loops train the same
 wrapped model on the project's data, taking turns epoch by epoch. Each pair of neighbouring
 epochs gives one ratio (baked / plain); the figures are their median, min and max. On a machine
 whose speed drifts from one minute to the next, this is the measurement that compares like with
@@ -26,7 +26,7 @@ CONFIGS = [  # (name, answers): the loop is the same for every launcher of a fra
 def run_loops(project: Path, framework: str, epochs: int, output: Path) -> dict:
     output.mkdir(parents=True, exist_ok=True)
     seconds_file = output / "seconds.json"
-    script, args = str(HERE / f"loop_{framework}.py"), [str(project), str(epochs), str(seconds_file)]
+    script, args = str(HERE / "loop_parity.py"), [str(project), str(epochs), str(seconds_file), framework]
     if framework == "pytorch":
         command = ["torchrun", "--standalone", "--nproc-per-node", "2", script, *args]
     else:

@@ -3,7 +3,8 @@
 Run with python -m paddle.distributed.launch from a baked project's folder, so that it trains the
 project's own model on its own data (build_model, build_datasets) with the same seed, batch and
 epochs; everything else (sampler, wrapper, Momentum, a cosine learning rate stepped per epoch,
-validation) is written here. Rank 0 prints one JSON line per epoch.
+validation) is written here. Rank 0 prints one JSON line per epoch. loop_parity.py runs
+plain_epoch() beside the project's loop.
 """
 
 import argparse
@@ -20,35 +21,17 @@ from dist_train.data import build_datasets
 from dist_train.model import build_model
 from paddle.io import DataLoader, DistributedBatchSampler
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--data-dir", required=True)
-parser.add_argument("--epochs", type=int, default=10)
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--lr", type=float, default=0.05)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
-args = parser.parse_args()
 
-paddle.set_device("cpu")
-os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"
-dist.init_parallel_env()
-rank = dist.get_rank()
-train_set, val_set, num_classes = build_datasets(
-    SimpleNamespace(synthetic=False, data_dir=args.data_dir, seed=args.seed)
-)
-train_sampler = DistributedBatchSampler(train_set, args.batch_size, shuffle=True)
-train_loader = DataLoader(train_set, batch_sampler=train_sampler)
-val_loader = DataLoader(val_set, batch_sampler=DistributedBatchSampler(val_set, args.batch_size, shuffle=False))
+def plain_loaders(train_set, val_set, batch_size: int, seed: int) -> tuple[DataLoader, DataLoader]:
+    """(DistributedBatchSampler shuffles by the epoch alone: `seed` is PyTorch's.)"""
+    train_loader = DataLoader(train_set, batch_sampler=DistributedBatchSampler(train_set, batch_size, shuffle=True))
+    val_loader = DataLoader(val_set, batch_sampler=DistributedBatchSampler(val_set, batch_size, shuffle=False))
+    return train_loader, val_loader
 
-paddle.seed(args.seed)
-model = paddle.DataParallel(build_model(num_classes))
-scheduler = paddle.optimizer.lr.LambdaDecay(args.lr, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
-optimizer = paddle.optimizer.Momentum(scheduler, momentum=0.9, parameters=model.parameters())
 
-first_step = True
-for epoch in range(1, args.epochs + 1):
-    started = time.perf_counter()
-    train_sampler.set_epoch(epoch)
+def plain_epoch(model, optimizer, train_loader, val_loader, epoch: int, after_step=lambda: None) -> list[float]:
+    """One epoch of training and validation; [train loss sum, seen, correct, total, val loss sum] of all ranks."""
+    train_loader.batch_sampler.set_epoch(epoch)
     model.train()
     loss_sum, seen = 0.0, 0
     for images, labels in train_loader:
@@ -58,22 +41,57 @@ for epoch in range(1, args.epochs + 1):
         optimizer.clear_grad()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
-        if first_step and rank == 0 and args.first_step_file:
-            with open(args.first_step_file, "w") as file:
-                file.write("first step\n")
-        first_step = False
+        after_step()
     model.eval()
     val_loss, correct, total = 0.0, 0, 0
     with paddle.no_grad():
         for images, labels in val_loader:
-            logits = model._layers(images)
+            logits = model._layers(images) if isinstance(model, paddle.DataParallel) else model(images)
             val_loss += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += (logits.argmax(1) == labels).astype("int64").sum().item()
             total += len(labels)
     totals = paddle.to_tensor([loss_sum, seen, correct, total, val_loss], dtype="float64")
     dist.all_reduce(totals)
-    scheduler.step()
-    if rank == 0:
-        totals = totals.tolist()
-        record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
-        print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+    return totals.tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
+    args = parser.parse_args()
+
+    paddle.set_device("cpu")
+    os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    train_set, val_set, num_classes = build_datasets(
+        SimpleNamespace(synthetic=False, data_dir=args.data_dir, seed=args.seed)
+    )
+    train_loader, val_loader = plain_loaders(train_set, val_set, args.batch_size, args.seed)
+    paddle.seed(args.seed)
+    model = paddle.DataParallel(build_model(num_classes))
+    schedule = paddle.optimizer.lr.LambdaDecay(args.lr, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
+    optimizer = paddle.optimizer.Momentum(schedule, momentum=0.9, parameters=model.parameters())
+
+    def after_step() -> None:
+        if rank == 0 and args.first_step_file:
+            with open(args.first_step_file, "w") as file:
+                file.write("first step\n")
+            args.first_step_file = None
+
+    for epoch in range(1, args.epochs + 1):
+        started = time.perf_counter()
+        totals = plain_epoch(model, optimizer, train_loader, val_loader, epoch, after_step)
+        schedule.step()
+        if rank == 0:
+            record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
+            print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

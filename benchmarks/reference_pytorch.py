@@ -3,7 +3,7 @@
 Run with torchrun from a baked project's folder, so that it trains the project's own model on its
 own data (build_model, build_datasets) with the same seed, batch and epochs; everything else
 (sampler, wrapper, SGD, a cosine learning rate stepped per epoch, validation) is written here.
-Rank 0 prints one JSON line per epoch.
+Rank 0 prints one JSON line per epoch. loop_parity.py runs plain_epoch() beside the project's loop.
 """
 
 import argparse
@@ -20,33 +20,17 @@ from dist_train.model import build_model
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--data-dir", required=True)
-parser.add_argument("--epochs", type=int, default=10)
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--lr", type=float, default=0.05)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
-args = parser.parse_args()
 
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-train_set, val_set, num_classes = build_datasets(
-    SimpleNamespace(synthetic=False, data_dir=args.data_dir, seed=args.seed)
-)
-train_sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)
-train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
-val_loader = DataLoader(val_set, batch_size=args.batch_size, sampler=DistributedSampler(val_set, shuffle=False))
+def plain_loaders(train_set, val_set, batch_size: int, seed: int) -> tuple[DataLoader, DataLoader]:
+    train_sampler = DistributedSampler(train_set, shuffle=True, seed=seed)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler)
+    val_loader = DataLoader(val_set, batch_size=batch_size, sampler=DistributedSampler(val_set, shuffle=False))
+    return train_loader, val_loader
 
-torch.manual_seed(args.seed)
-model = DistributedDataParallel(build_model(num_classes))
-optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
 
-first_step = True
-for epoch in range(1, args.epochs + 1):
-    started = time.perf_counter()
-    train_sampler.set_epoch(epoch)
+def plain_epoch(model, optimizer, train_loader, val_loader, epoch: int, after_step=lambda: None) -> list[float]:
+    """One epoch of training and validation; [train loss sum, seen, correct, total, val loss sum] of all ranks."""
+    train_loader.sampler.set_epoch(epoch)
     model.train()
     loss_sum, seen = 0.0, 0
     for images, labels in train_loader:
@@ -56,10 +40,7 @@ for epoch in range(1, args.epochs + 1):
         optimizer.step()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
-        if first_step and rank == 0 and args.first_step_file:
-            with open(args.first_step_file, "w") as file:
-                file.write("first step\n")
-        first_step = False
+        after_step()
     model.eval()
     val_loss, correct, total = 0.0, 0, 0
     with torch.no_grad():
@@ -70,13 +51,46 @@ for epoch in range(1, args.epochs + 1):
             total += len(labels)
     totals = torch.tensor([loss_sum, seen, correct, total, val_loss], dtype=torch.float64)
     dist.all_reduce(totals)
-    scheduler.step()
-    if rank == 0:
-        record = {
-            "epoch": epoch,
-            "train_loss": (totals[0] / totals[1]).item(),
-            "val_acc": (totals[2] / totals[3]).item(),
-        }
-        print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
-dist.barrier()  # gloo can abort a rank whose peer tears down the group while it still talks to it
-dist.destroy_process_group()
+    return totals.tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    train_set, val_set, num_classes = build_datasets(
+        SimpleNamespace(synthetic=False, data_dir=args.data_dir, seed=args.seed)
+    )
+    train_loader, val_loader = plain_loaders(train_set, val_set, args.batch_size, args.seed)
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(build_model(num_classes))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
+
+    def after_step() -> None:
+        if rank == 0 and args.first_step_file:
+            with open(args.first_step_file, "w") as file:
+                file.write("first step\n")
+            args.first_step_file = None
+
+    for epoch in range(1, args.epochs + 1):
+        started = time.perf_counter()
+        totals = plain_epoch(model, optimizer, train_loader, val_loader, epoch, after_step)
+        schedule.step()
+        if rank == 0:
+            record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
+            print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+    dist.barrier()  # gloo can abort a rank whose peer tears down the group while it still talks to it
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

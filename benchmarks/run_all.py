@@ -128,7 +128,7 @@ def write_results(
         "",
         "**Epoch time, interleaved** (`bench_loop.py`, the figure the bar is judged on): in one job of 2 processes,",
         "the baked project's `engine.train_one_epoch()` + `engine.evaluate()` and a plain tutorial loop",
-        "(`loop_pytorch.py`, `loop_paddle.py`: DistributedSampler / DistributedBatchSampler, SGD / Momentum, a",
+        "(`plain_epoch()` of `reference_pytorch.py`, `reference_paddle.py`, run beside the project's loop by `loop_parity.py`: DistributedSampler / DistributedBatchSampler, SGD / Momentum, a",
         "validation pass) take turns epoch by epoch on the same wrapped model and sample data (digits, batch 32",
         "per process). Each pair of neighbouring epochs gives one ratio.",
         "",

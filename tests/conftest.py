@@ -1,6 +1,8 @@
 """Shared helpers for the template's tests: answers, baking, running baked projects."""
 
+import importlib.util
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -9,29 +11,33 @@ from pathlib import Path
 import pytest
 
 TEMPLATE = Path(__file__).resolve().parent.parent
-LAUNCHERS = {"pytorch": ("torchrun", "spawn", "launch"), "paddle": ("launch", "spawn", "fleetrun")}
+QUESTIONS = json.loads((TEMPLATE / "cookiecutter.json").read_text(encoding="utf-8"))
+CHOICES = ("framework", "nodes", "dataset", "install_requirements", "paddle_api")
+
+
+def load_hook(name: str):
+    """A hook of the template as a module (its Jinja sits in a string under `if __name__ == "__main__"`)."""
+    spec = importlib.util.spec_from_file_location(name, TEMPLATE / "hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pre_gen = load_hook("pre_gen_project")
+LAUNCHERS = pre_gen.LAUNCHERS  # the one launcher table, the hook's own
 
 
 def valid_answers(framework: str) -> list[dict]:
-    """Every combination of answers the template accepts for a framework."""
-    combos = []
-    apis = ("basic", "highlevel") if framework == "paddle" else ("basic",)
-    for launcher, nodes, dataset, install, api in itertools.product(
-        LAUNCHERS[framework], ("single", "multi"), ("zip", "folder", "synthetic"), ("no", "yes"), apis
-    ):
-        if framework == "paddle" and launcher == "spawn" and nodes == "multi":
-            continue
-        combos.append(
-            {
-                "framework": framework,
-                "launcher": launcher,
-                "nodes": nodes,
-                "dataset": dataset,
-                "install_requirements": install,
-                "paddle_api": api,
-            }
-        )
-    return combos
+    """Every combination of cookiecutter.json's choices that the hook accepts, for a framework.
+
+    paddle_api means something to Paddle projects only: PyTorch ones are baked with its default.
+    """
+    options = {name: QUESTIONS[name] for name in CHOICES} | {"framework": [framework], "launcher": LAUNCHERS[framework]}
+    if framework != "paddle":
+        options["paddle_api"] = QUESTIONS["paddle_api"][:1]
+    order = ("framework", "launcher", "nodes", "dataset", "install_requirements", "paddle_api")
+    combos = (dict(zip(order, values, strict=True)) for values in itertools.product(*(options[k] for k in order)))
+    return [answers for answers in combos if pre_gen.find_problem({"project_slug": "dist_train", **answers}) is None]
 
 
 def answers_id(answers: dict) -> str:

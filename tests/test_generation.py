@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
-SHARED_PACKAGE = {"__init__", "settings", "cli", "errors", "logs", "archive", "images", "preemption"}
-FRAMEWORK_PACKAGE = {"distributed", "checkpoint", "data", "model", "engine", "loaders"}
+SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state"}
+FRAMEWORK_PACKAGE = {"__init__", "distributed", "checkpoint", "data", "model", "engine", "loaders"}
 SHARED_TESTS = {"conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_preemption.py", "test_run.py"}
 FRAMEWORK_TESTS = {
     "pytorch": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
@@ -33,6 +33,8 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
     files |= {f"{slug}/{name}.py" for name in SHARED_PACKAGE | FRAMEWORK_PACKAGE}
     if answers["launcher"] != "spawn":
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
+    if answers["framework"] == "paddle" and answers["paddle_api"] == "highlevel":
+        files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
     if answers["dataset"] == "zip":
         files.add("data/digits.zip")

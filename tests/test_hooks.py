@@ -1,25 +1,14 @@
 """The pre-generation hook's checks, imported and called directly."""
 
-import importlib.util
-
 import pytest
-from conftest import TEMPLATE
+from conftest import LAUNCHERS, pre_gen
 
-
-def load_hook(name: str):
-    spec = importlib.util.spec_from_file_location(name, TEMPLATE / "hooks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pre_gen = load_hook("pre_gen_project")
 GOOD = {"project_slug": "my_project", "framework": "pytorch", "launcher": "torchrun", "nodes": "single"}
 
 
 @pytest.mark.parametrize(
     "framework, launcher, nodes",
-    [(fw, launcher, nodes) for fw, launchers in pre_gen.LAUNCHERS.items() for launcher in launchers for nodes in ("single", "multi")
+    [(fw, launcher, nodes) for fw, launchers in LAUNCHERS.items() for launcher in launchers for nodes in ("single", "multi")
      if not (fw == "paddle" and launcher == "spawn" and nodes == "multi")],
 )  # fmt: skip
 def test_every_supported_pair_passes(framework, launcher, nodes):

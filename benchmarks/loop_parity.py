@@ -1,0 +1,57 @@
+"""Loop parity in one run: a baked project's train_one_epoch() + evaluate() against the plain loop of
+reference_<framework>.py.
+
+Started by the framework's launcher (2 processes) with a baked project's folder, the epochs, an
+output file and the framework as arguments. Both loops train the same wrapped model (the project's
+wrappers: DDP, DataParallel or fleet's) on the project's data, taking turns epoch by epoch (A B,
+then B A), so that the drifts of a noisy machine hit both alike. Rank 0 writes a JSON line of
+per-epoch seconds.
+"""
+
+import importlib
+import json
+import sys
+import time
+
+project, EPOCHS, seconds_file, framework = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+sys.path.insert(0, project)
+from dist_train import cli, distributed, engine, loaders  # noqa: E402
+from dist_train.data import build_datasets  # noqa: E402
+from dist_train.model import build_model, build_optimizer  # noqa: E402
+from dist_train.preemption import StopRequest  # noqa: E402
+from dist_train.state import EpochProgress  # noqa: E402
+
+reference = importlib.import_module(f"reference_{framework}")
+
+args = cli.parse_args(["--device", "cpu", "--data-dir", f"{project}/data/digits"])
+env = distributed.setup("cpu", 600)
+train_set, val_set, num_classes = build_datasets(args)
+train_loader, val_loader = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
+model = distributed.wrap_model(build_model(num_classes), env)
+optimizer = distributed.wrap_optimizer(build_optimizer(model, args.lr))
+scaler = engine.grad_scaler(False)
+plain_train, plain_val = reference.plain_loaders(train_set, val_set, args.batch_size, args.seed)
+
+
+def baked_epoch(epoch: int) -> None:
+    # A fresh stop request: its votes would otherwise count the plain loop's epochs as its own steps.
+    engine.train_one_epoch(model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest())
+    engine.evaluate(model, val_loader, env, use_amp=False)
+
+
+def plain_epoch(epoch: int) -> None:
+    reference.plain_epoch(model, optimizer, plain_train, plain_val, epoch)
+
+
+seconds = {"baked": [], "plain": []}
+for epoch in range(1, EPOCHS + 1):
+    order = [("baked", baked_epoch), ("plain", plain_epoch)]
+    for name, run_epoch in order if epoch % 2 else reversed(order):
+        distributed.barrier()
+        started = time.perf_counter()
+        run_epoch(epoch)
+        seconds[name].append(time.perf_counter() - started)
+if env.is_main:
+    with open(seconds_file, "w") as output:
+        output.write(json.dumps(seconds))
+distributed.cleanup()
