@@ -10,10 +10,18 @@ from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
 SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state"}
 FRAMEWORK_PACKAGE = {"__init__", "distributed", "checkpoint", "data", "model", "engine", "loaders"}
-SHARED_TESTS = {"conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_preemption.py", "test_run.py"}
+SHARED_TESTS = {
+    "conftest.py",
+    "test_archive.py",
+    "test_cli.py",
+    "test_logs.py",
+    "test_preemption.py",
+    "test_run.py",
+    "test_sampler.py",
+}
 FRAMEWORK_TESTS = {
-    "pytorch": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
-    "paddle": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
+    "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
+    "paddle": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
 }
 ROOT_FILES = {
     "README.md",

@@ -1,6 +1,18 @@
-"""Where training stands, the part of a checkpoint that is the same for every framework."""
+"""Where training stands, and the part of checkpointing that is the same for every framework.
 
-from dataclasses import asdict, dataclass, field
+Each framework's checkpoint.Checkpointer is a CheckpointerBase that reads and writes its
+own files; this base owns the TrainingState: it decides which epoch is the best, keeps
+how far a stopped epoch got, and makes every rank agree on where a resumed run starts.
+"""
+
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from . import distributed
+from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,3 +40,76 @@ class TrainingState:
         is_best = val_acc > self.best_acc
         self.epochs_done, self.best_acc, self.progress = epoch, max(self.best_acc, val_acc), EpochProgress()
         return is_best
+
+
+class CheckpointerBase:
+    """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
+
+    A framework's Checkpointer adds its files: _write() (rank 0) and _read(), which loads the
+    model, optimizer, schedule and scaler; and its random streams and schedule.
+    """
+
+    def __init__(self, directory: str | Path, env, model, optimizer, scheduler, scaler=None):
+        self.directory = Path(directory)
+        self.env = env
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.state = TrainingState()
+
+    def end_epoch(self, epoch: int, val_acc: float) -> None:
+        """Record a finished epoch and save it (last, and best when it is the best); on every rank."""
+        is_best = self.state.finish_epoch(epoch, val_acc)
+        self._save(self.state, is_best)
+
+    def save_stopped(self, stopped) -> None:
+        """Save how far a stopped epoch got (a preemption.Stopped); on every rank.
+
+        A stop at an epoch's end has nothing new to save: that epoch is saved already.
+        """
+        if stopped.progress.step:
+            self._save(replace(self.state, progress=stopped.progress), is_best=False)
+
+    def resume(self, how: str) -> TrainingState:
+        """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
+
+        Every rank loads it, and all must find the same point: a machine that cannot see the
+        checkpoint would otherwise start afresh and train a different model.
+        """
+        loaded = self._read(how)
+        self.state = TrainingState() if loaded is None else self._restored(*loaded)
+        points = distributed.all_gather_object((self.state.epochs_done, self.state.progress.step))
+        if len(set(points)) > 1:
+            raise UserError(
+                f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
+                "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
+            )
+        self._reapply_schedule()
+        return self.state
+
+    def _save(self, state: TrainingState, is_best: bool) -> None:
+        # Every rank's random streams and progress are gathered; only rank 0 writes.
+        per_rank = distributed.all_gather_object((self._capture_rng(), state.progress.to_dict()))
+        if self.env.is_main:
+            training = {
+                "epoch": state.epochs_done,
+                "best_acc": state.best_acc,
+                "rng": [rng for rng, _ in per_rank],
+                "progress": [progress for _, progress in per_rank],
+            }
+            self._write(training, is_best)
+
+    def _restored(self, path: Path, saved: dict) -> TrainingState:
+        """Where the loaded checkpoint stands for this rank, its random streams restored."""
+        progress = EpochProgress()
+        if len(saved["rng"]) == self.env.world_size:
+            self._restore_rng(saved["rng"][self.env.rank])
+            progress = EpochProgress(**saved["progress"][self.env.rank])
+        else:
+            log.warning(
+                "world size changed from %d to %d: random streams start afresh, and a stopped epoch from its start",
+                len(saved["rng"]), self.env.world_size,
+            )  # fmt: skip
+        if progress.step:
+            log.info("resumed from %s (epoch %d, step %d)", path, saved["epoch"] + 1, progress.step)
+        else:
+            log.info("resumed from %s (epoch %d)", path, saved["epoch"])
+        return TrainingState(saved["epoch"], saved["best_acc"], progress)

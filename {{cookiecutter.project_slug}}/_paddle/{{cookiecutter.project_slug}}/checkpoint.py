@@ -1,8 +1,6 @@
 """Checkpoints: written by global rank 0 only, as a consistent pair; read back on every rank.
 
-The Checkpointer owns where training stands (a TrainingState): it decides which
-epoch is the best, keeps how far a stopped epoch got, and puts the learning-rate
-schedule back on resume. DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
+DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
 any copy of the model); last.pdopt beside it holds everything else needed to
 continue: optimizer (with the learning-rate schedule inside), AMP scaler,
 epochs done, best accuracy, every rank's RNG states and, after a SIGTERM stop,
@@ -17,7 +15,9 @@ folder, and a folder rename is atomic:
 A crash in 1 leaves .saving/, which the next start deletes: the old pair stays.
 A crash in 3 leaves .saved/, which the next start moves into place first: the
 new pair wins. resume() does that recovery before it reads anything, so a run
-never loads weights from one epoch with the optimizer state of another.
+never loads weights from one epoch with the optimizer state of another. What is
+the same in PyTorch (the training state, the best epoch, resuming on every rank)
+is state.CheckpointerBase.
 """
 
 import logging
@@ -25,17 +25,14 @@ import os
 import pickle
 import random
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import paddle
 
 from . import distributed
-from .distributed import DistEnv
 from .errors import UserError
-from .preemption import Stopped
-from .state import EpochProgress, TrainingState
+from .state import CheckpointerBase
 
 log = logging.getLogger(__name__)
 
@@ -45,51 +42,25 @@ _STATE = ".pdopt"  # the training state beside each .pdparams
 _SAVING, _SAVED = ".saving", ".saved"
 
 
-class Checkpointer:
-    """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
-
-    The schedule is attached to the optimizer (engine.cosine_schedule), whose state holds it.
-    """
-
-    def __init__(self, directory: str | Path, env: DistEnv, model, optimizer, scheduler, scaler=None):
-        self.directory = Path(directory)
-        self.env = env
-        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.state = TrainingState()
+class Checkpointer(CheckpointerBase):
+    """(The schedule is attached to the optimizer, engine.cosine_schedule(), whose state holds it.)"""
 
     @property
     def last_path(self) -> Path:
         return self.directory / LAST
 
-    def end_epoch(self, epoch: int, val_acc: float) -> None:
-        """Record a finished epoch and save it (last, and best when it is the best); on every rank."""
-        is_best = self.state.finish_epoch(epoch, val_acc)
-        self._save(self.state, is_best)
-
-    def save_stopped(self, stopped: Stopped) -> None:
-        """Save how far the stopped epoch got; on every rank. A stop at an epoch's end has nothing new to save."""
-        if stopped.progress.step:
-            self._save(replace(self.state, progress=stopped.progress), is_best=False)
-
-    def _save(self, state: TrainingState, is_best: bool) -> None:
-        # Every rank's RNG states and progress are gathered; only rank 0 writes.
-        per_rank = distributed.all_gather_object((_capture_rng(), state.progress.to_dict()))
-        if not self.env.is_main:
-            return
-        training_state = {
+    def _write(self, training: dict, is_best: bool) -> None:
+        training = {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "epoch": state.epochs_done,
-            "best_acc": state.best_acc,
-            "rng": [rng for rng, _ in per_rank],
-            "progress": [rank_progress for _, rank_progress in per_rank],
+            **training,
         }
         staging = self.directory / _SAVING
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
             _save_synced(distributed.unwrap(self.model).state_dict(), staging / LAST)
-            _save_synced(training_state, (staging / LAST).with_suffix(_STATE))
+            _save_synced(training, (staging / LAST).with_suffix(_STATE))
             if is_best:
                 for name in (LAST, Path(LAST).with_suffix(_STATE).name):
                     shutil.copyfile(staging / name, staging / name.replace("last", "best"))
@@ -98,33 +69,21 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
         _move_saved_into_place(self.directory)
 
-    def resume(self, how: str) -> TrainingState:
-        """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
+    def _read(self, how: str) -> tuple[Path, dict] | None:
+        """The checkpoint `how` names, loaded into the model, optimizer and scaler; None: start afresh.
 
-        Every rank loads it, and all must find the same point: a machine that cannot see the
-        checkpoint would otherwise start afresh and train a different model.
+        First, rank 0 completes or drops a save that a crash interrupted.
         """
         if self.env.is_main:
             _finish_interrupted_save(self.directory)
         distributed.barrier()
-        self.state = self._load(how)
-        points = distributed.all_gather_object((self.state.epochs_done, self.state.progress.step))
-        if len(set(points)) > 1:
-            raise UserError(
-                f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
-                "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
-            )
-        _reapply_schedule(self.scheduler)
-        return self.state
-
-    def _load(self, how: str) -> TrainingState:
         if how == "none":
-            return TrainingState()
+            return None
         path = self.last_path if how == "auto" else Path(how)
         weights_path, state_path = path.with_suffix(".pdparams"), path.with_suffix(_STATE)
         if not weights_path.exists():
             if how == "auto":
-                return TrainingState()
+                return None
             raise UserError(
                 f"checkpoint {weights_path} not found: pass --resume auto, none, or an existing .pdparams file"
             )
@@ -150,29 +109,32 @@ class Checkpointer:
         self.optimizer.set_state_dict(state["optimizer"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
-        progress = EpochProgress()
-        if len(state["rng"]) == self.env.world_size:
-            _restore_rng(state["rng"][self.env.rank])
-            progress = EpochProgress(**state["progress"][self.env.rank])
-        else:
-            log.warning(
-                "world size changed from %d to %d: random streams start afresh, and a stopped epoch from its start",
-                len(state["rng"]), self.env.world_size,
-            )  # fmt: skip
-        if progress.step:
-            log.info("resumed from %s (epoch %d, step %d)", weights_path, state["epoch"] + 1, progress.step)
-        else:
-            log.info("resumed from %s (epoch %d)", weights_path, state["epoch"])
-        return TrainingState(state["epoch"], state["best_acc"], progress)
+        return weights_path, state
 
+    def _reapply_schedule(self) -> None:
+        """Set the learning rate the schedule gives at its current epoch.
 
-def _reapply_schedule(scheduler: paddle.optimizer.lr.LRScheduler) -> None:
-    """Set the learning rate the schedule gives at its current epoch.
+        After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
+        --epochs has changed; the optimizer takes last_lr at every step.
+        """
+        self.scheduler.last_lr = self.scheduler.get_lr()
 
-    After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
-    --epochs has changed; the optimizer takes last_lr at every step.
-    """
-    scheduler.last_lr = scheduler.get_lr()
+    def _capture_rng(self) -> dict:
+        name, keys, *rest = np.random.get_state()
+        return {
+            "python": random.getstate(),
+            "numpy": (name, keys.tolist(), *rest),  # a list: paddle.save would turn the uint32 array into a tensor
+            "paddle": paddle.get_rng_state("cpu"),
+            "gpu": paddle.get_rng_state("gpu") if distributed.gpu_available() else [],
+        }
+
+    def _restore_rng(self, state: dict) -> None:
+        random.setstate(state["python"])
+        name, keys, *rest = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+        paddle.set_rng_state(state["paddle"], "cpu")
+        if state["gpu"] and distributed.gpu_available():
+            paddle.set_rng_state(state["gpu"], "gpu")
 
 
 def _save_synced(obj, path: Path) -> None:
@@ -220,22 +182,3 @@ def _mismatch(expected: dict, saved: dict) -> str | None:
             return f"size mismatch for {key}: {saved_shape} in the checkpoint, {model_shape} in the model"
     extra = sorted(saved.keys() - expected.keys())
     return f"{extra[0]} is not in the model" if extra else None
-
-
-def _capture_rng() -> dict:
-    name, keys, *rest = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": (name, keys.tolist(), *rest),  # a list: paddle.save would turn the uint32 array into a tensor
-        "paddle": paddle.get_rng_state("cpu"),
-        "gpu": paddle.get_rng_state("gpu") if distributed.gpu_available() else [],
-    }
-
-
-def _restore_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
-    paddle.set_rng_state(state["paddle"], "cpu")
-    if state["gpu"] and distributed.gpu_available():
-        paddle.set_rng_state(state["gpu"], "gpu")
