@@ -34,7 +34,7 @@ from . import distributed
 from .errors import UserError
 from .state import CheckpointerBase
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)  # for the interrupted-save warning, which PyTorch has no need of
 
 LAST, BEST = "last.pdparams", "best.pdparams"
 STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng", "progress")
@@ -157,7 +157,7 @@ def _move_saved_into_place(directory: Path) -> None:
 def _finish_interrupted_save(directory: Path) -> None:
     """Complete a committed save, or drop an uncommitted one, that a crash interrupted."""
     if (directory / _SAVED).is_dir():
-        log.warning("completing the checkpoint save that was interrupted in %s", directory)
+        _log.warning("completing the checkpoint save that was interrupted in %s", directory)
         _move_saved_into_place(directory)
     shutil.rmtree(directory / _SAVING, ignore_errors=True)
 
