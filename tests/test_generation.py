@@ -10,7 +10,16 @@ from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
 SHARED_PACKAGE = {"__init__", "settings", "cli", "errors", "logs", "archive", "images", "preemption"}
 FRAMEWORK_PACKAGE = {"distributed", "checkpoint", "data", "model", "engine", "loaders"}
-SHARED_TESTS = {"conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_preemption.py", "test_run.py"}
+SHARED_TESTS = {
+    "conftest.py",
+    "test_archive.py",
+    "test_cli.py",
+    "test_data.py",
+    "test_images.py",
+    "test_logs.py",
+    "test_preemption.py",
+    "test_run.py",
+}
 FRAMEWORK_TESTS = {
     "pytorch": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
     "paddle": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
