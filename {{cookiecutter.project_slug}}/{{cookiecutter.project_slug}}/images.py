@@ -14,6 +14,7 @@ run for a given seed. Classes are sorted by name; a sample is (path, class index
 """
 
 import csv
+import inspect
 import logging
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -265,3 +266,15 @@ def data_description(train_set, num_classes: int) -> dict:
         "mean": getattr(train_set, "mean", None),
         "std": getattr(train_set, "std", None),
     }
+
+
+def model_options(build_model, description: dict) -> dict:
+    """The keyword arguments of build_model() that the data can fill: `channels`, `image_size`.
+
+    build_model(num_classes) stays the extension point: a build_model that takes
+    `channels=` (or `image_size=`) gets it from the data; one that does not is
+    called as before. run.py: build_model(num_classes, **model_options(build_model, description)).
+    """
+    accepted = inspect.signature(build_model).parameters
+    filled = ("channels", "image_size")
+    return {name: description[name] for name in filled if name in accepted and description.get(name)}
