@@ -14,6 +14,8 @@ SHARED_TESTS = {
     "conftest.py",
     "test_archive.py",
     "test_cli.py",
+    "test_data.py",
+    "test_images.py",
     "test_logs.py",
     "test_preemption.py",
     "test_run.py",

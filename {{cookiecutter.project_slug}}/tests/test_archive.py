@@ -343,3 +343,104 @@ def test_a_full_disk_during_extraction_says_so_and_leaves_no_partial_dataset(tmp
     assert not (target / archive.STAGING).exists() and not (target / archive.DONE_MARKER).exists()
     monkeypatch.undo()
     assert extract(source, target) is True and files_under(target) == LAYOUT
+
+
+JUNK = {
+    "__MACOSX/train/cat/._0.png": b"\x00\x05\x16\x07 AppleDouble",
+    "__MACOSX/._train": b"\x00\x05\x16\x07",
+    "train/cat/._0.png": b"\x00\x05\x16\x07 a resource fork, not a png",
+    "train/.DS_Store": b"Bud1",
+    "val/dog/Thumbs.db": b"\xd0\xcf\x11\xe0",
+    ".DS_Store": b"Bud1",
+}
+
+
+def every_file_under(root: Path) -> set[str]:
+    """Every file, hidden or not, but the project's own bookkeeping (marker, lock)."""
+    bookkeeping = {archive.DONE_MARKER, archive.LOCK}
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name not in bookkeeping}
+
+
+@pytest.mark.parametrize("writer, name", [(write_zip, "data.zip"), (write_tar, "data.tar.gz")])
+def test_junk_from_macos_and_windows_is_not_extracted(tmp_path, writer, name):
+    source = writer(tmp_path / name, {**LAYOUT, **JUNK})
+    target = tmp_path / "data"
+
+    assert extract(source, target) is True
+
+    assert every_file_under(target) == set(LAYOUT)
+    assert not (target / "__MACOSX").exists()
+
+
+@pytest.mark.parametrize(
+    "path", ["__MACOSX/x/._a.png", "a/b/._c.PNG", "train/.DS_Store", "val/cat/Thumbs.db", "THUMBS.DB", "x\\__MACOSX\\y"]
+)
+def test_junk_is_recognised_wherever_it_is(path):
+    assert archive.is_junk(path)
+
+
+@pytest.mark.parametrize("path", ["train/cat/0.png", "train/_x.png", "macosx/0.png", "train/thumbs.png"])
+def test_ordinary_files_are_not_junk(path):
+    assert not archive.is_junk(path)
+
+
+def test_junk_entries_are_checked_like_any_other(tmp_path):
+    source = write_zip(tmp_path / "evil.zip", {**LAYOUT, "__MACOSX/../../outside/._x.png": b"escaped"})
+
+    with pytest.raises(UserError, match="outside"):
+        extract(source, tmp_path / "data")
+
+    assert not (tmp_path / "outside").exists()
+
+
+def has_train(folder: Path) -> bool:
+    return (folder / "train").is_dir()
+
+
+def test_an_archive_with_one_top_folder_reads_from_inside_it(tmp_path):
+    wrapped = {f"mydata/{name}": content for name, content in LAYOUT.items()}
+    source = write_zip(tmp_path / "mydata.zip", {**wrapped, **JUNK, "__MACOSX/mydata/._train": b"\x00"})
+    target = tmp_path / "data"
+    extract(source, target)
+
+    root = archive.dataset_root(target, has_train)
+
+    assert root == target / "mydata"
+    assert files_under(root) == LAYOUT
+
+
+def test_a_lone_train_folder_at_the_root_is_not_unwrapped(tmp_path):
+    source = write_zip(tmp_path / "data.zip", {k: v for k, v in LAYOUT.items() if k.startswith("train/")})
+    target = tmp_path / "data"
+    extract(source, target)
+
+    assert archive.dataset_root(target, has_train) == target
+    assert archive.dataset_root(target) == target / "train"  # without a layout to look for, any lone folder is
+
+
+def test_a_root_with_two_top_folders_or_without_the_layout_is_left_as_it_is(tmp_path):
+    for folder in ("a/train", "b/train", "c/images"):
+        (tmp_path / "two" / folder).mkdir(parents=True)
+    (tmp_path / "other" / "c/images").mkdir(parents=True)
+
+    assert archive.dataset_root(tmp_path / "two", has_train) == tmp_path / "two"
+    assert archive.dataset_root(tmp_path / "other", has_train) == tmp_path / "other"
+    assert archive.dataset_root(tmp_path / "missing", has_train) == tmp_path / "missing"
+
+
+def test_files_beside_the_top_folder_do_not_stop_it_being_unwrapped(tmp_path):
+    (tmp_path / "data/mydata/train").mkdir(parents=True)
+    (tmp_path / "data/README.txt").write_text("about this data")
+    (tmp_path / "data/Thumbs.db").write_bytes(b"junk")
+
+    assert archive.dataset_root(tmp_path / "data", has_train) == tmp_path / "data/mydata"
+
+
+def test_without_a_layout_only_a_folder_holding_nothing_but_one_folder_is_unwrapped(tmp_path):
+    (tmp_path / "test/images").mkdir(parents=True)
+    (tmp_path / "test/.DS_Store").write_bytes(b"junk")
+    (tmp_path / "mixed/images").mkdir(parents=True)
+    (tmp_path / "mixed/a.png").write_bytes(b"an image beside the folder")
+
+    assert archive.dataset_root(tmp_path / "test") == tmp_path / "test/images"
+    assert archive.dataset_root(tmp_path / "mixed") == tmp_path / "mixed"

@@ -4,6 +4,13 @@ Every rank calls ensure_extracted(); a file lock lets the first one extract
 while the others wait, and the ".extracted" marker, written last, lets every
 later start skip the work. Entries are checked before anything is written:
 no absolute paths, no "..", no links, no more data than the size limit.
+
+Archives come as people make them: the junk that macOS and Windows add
+(__MACOSX/, ._* files, .DS_Store, Thumbs.db) is checked like every entry but not
+extracted, and dataset_root() reads an archive that wraps its data in one
+top-level folder (mydata.zip holding mydata/train/...) as if that folder were
+its root. The folder is unwrapped when reading, not moved at extraction, so the
+same rule serves folders the user unpacked themselves and predict.py's inputs.
 """
 
 import errno
@@ -12,7 +19,8 @@ import shutil
 import sys
 import tarfile
 import zipfile
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable
+from pathlib import Path, PurePath, PurePosixPath
 
 from filelock import FileLock, Timeout
 from tqdm import tqdm
@@ -24,6 +32,9 @@ log = logging.getLogger(__name__)
 DONE_MARKER = ".extracted"
 STAGING = ".partial"
 LOCK = ".lock"
+# What file managers and archivers add beside the data: never extracted, never read as images.
+JUNK_FOLDERS = {"__macosx"}
+JUNK_FILES = {".ds_store", "thumbs.db", "desktop.ini"}
 
 
 def ensure_extracted(
@@ -68,6 +79,37 @@ def prepare_dataset(
             lock_timeout=lock_timeout,
             show_progress=show_progress_here(local_rank),
         )
+
+
+def is_junk(path: str | PurePath) -> bool:
+    """True for macOS and Windows leftovers: anything under __MACOSX/, ._* resource forks, .DS_Store, Thumbs.db."""
+    parts = PurePosixPath(str(path).replace("\\", "/")).parts
+    if any(part.lower() in JUNK_FOLDERS for part in parts):
+        return True
+    name = parts[-1] if parts else ""
+    return name.startswith("._") or name.lower() in JUNK_FILES
+
+
+def dataset_root(folder: str | Path, has_layout: Callable[[Path], bool] | None = None) -> Path:
+    """The folder to read the data from: `folder` itself, or the one top-level folder it wraps.
+
+    `folder` is used as it is when it has the layout (`has_layout(folder)`). If not, and it
+    holds one folder (hidden files and junk aside) that has it, that folder is the root:
+    `mydata.zip` holding `mydata/train/...` (and a README beside it) reads as `train/...`.
+    A lone `train/` is not unwrapped: `folder` has the layout. Without `has_layout`
+    (predict.py's inputs: any images), a folder that holds one folder and nothing else is
+    unwrapped.
+    """
+    folder = Path(folder)
+    if has_layout is not None and has_layout(folder):
+        return folder
+    if not folder.is_dir():
+        return folder
+    entries = [entry for entry in folder.iterdir() if not entry.name.startswith(".") and not is_junk(entry.name)]
+    folders = [entry for entry in entries if entry.is_dir()]
+    if has_layout is None:
+        return folders[0] if len(entries) == 1 and folders else folder
+    return folders[0] if len(folders) == 1 and has_layout(folders[0]) else folder
 
 
 def archive_identity(archive: Path) -> str:
@@ -168,7 +210,7 @@ class _ZipReader:
         for info in self.zip.infolist():
             is_link = (info.external_attr >> 16) & 0o170000 == 0o120000
             _check_entry(archive, info.filename, is_link)
-            if not info.is_dir():
+            if not info.is_dir() and not is_junk(info.filename):
                 self.files.append(info)
 
     def members(self) -> list[tuple[str, int]]:
@@ -200,7 +242,8 @@ class _TarReader:
         for entry in entries:
             _check_entry(archive, entry.name, entry.issym() or entry.islnk())
             if entry.isfile():
-                self.files.append(entry)
+                if not is_junk(entry.name):
+                    self.files.append(entry)
             elif not entry.isdir():
                 raise UserError(f"dataset archive {archive} holds a special file {entry.name!r}; refused")
 

@@ -27,6 +27,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Train on one process, or many with a launcher (see run.sh).")
     parser.add_argument(
@@ -58,13 +65,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--data-dir",
-        help="the unpacked dataset, train/<class>/* and val/<class>/* (default: data/digits, "
-        "or a folder beside --dataset-zip named after it)",
+        help="the unpacked dataset, train/<class>/* and val/<class>/*, or one folder holding them "
+        "(default: data/digits, or a folder beside --dataset-zip named after it)",
     )
     parser.add_argument(
         "--dataset-zip",
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
         + (" (default: data/digits.zip, unless --data-dir is given)" if DATASET == "zip" else ""),
+    )
+    parser.add_argument(
+        "--labels-csv",
+        metavar="FILE",
+        help="labels from a CSV file with a header row: image path (relative to --data-dir), class name; "
+        "a relative FILE not found from here is looked for in --data-dir",
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=fraction,
+        default=0.1,
+        help="without a val/ split (no val/ folder, or no CSV row under val/): the part of each class held out "
+        "for validation, the same on every rank and run for a given --seed",
+    )
+    parser.add_argument(
+        "--image-size",
+        type=positive_int,
+        metavar="N",
+        help="side in pixels images are resized to (default: IMAGE_SIZE in data.py, 16 for the sample digits)",
+    )
+    parser.add_argument(
+        "--channels",
+        type=int,
+        choices=(1, 3),
+        help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)",
     )
     parser.add_argument(
         "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"

@@ -1,46 +1,280 @@
-"""Framework-free image reading: folders of class sub-folders, and synthetic images.
+"""Framework-free image data: which images, which labels, which split; reading one image; synthetic images.
 
 Pillow + numpy only, so it works wherever the framework does (no torchvision).
+Two layouts are read, both under the data root (--data-dir, or the one folder
+it wraps: see archive.dataset_root):
+
+- folders: train/<class>/* and val/<class>/*;
+- a labels CSV (--labels-csv): a header row, then `image path relative to the
+  data root, class name` per row.
+
+Without a validation split (no val/ folder; no CSV row under val/), a fraction
+of each class is held out by split_by_class(), the same on every rank and every
+run for a given seed. Classes are sorted by name; a sample is (path, class index).
 """
 
-from pathlib import Path
+import csv
+import inspect
+import logging
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 
+from .archive import dataset_root, is_junk
 from .errors import UserError
 
+log = logging.getLogger(__name__)
+
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+# Pixels are scaled to [0, 1], then normalised as (x - MEAN) / STD: [-1, 1] for these values.
+MEAN, STD = 0.5, 0.5
+VAL_FRACTION = 0.1
+
+Sample = tuple[Path, int]
 
 
-def scan_image_folder(root: str | Path) -> tuple[list[tuple[Path, int]], list[str]]:
+class Splits(NamedTuple):
+    train: list[Sample]
+    val: list[Sample]
+    classes: list[str]
+
+
+class UnreadableImage(UserError):
+    """A file that is not a readable image; its message names the file.
+
+    DataLoader workers (PyTorch's and Paddle's) re-raise an error in the main
+    process as type(error)(a header + the worker's traceback): the last line of
+    that traceback is "module.UnreadableImage: <our message>", which is kept, so
+    the run still ends with one line.
+    """
+
+    def __init__(self, message: str):
+        lines = message.strip().splitlines()
+        if len(lines) > 1:
+            message = lines[-1].split(": ", 1)[-1]
+        super().__init__(message)
+
+
+def is_image_file(path: Path, root: Path) -> bool:
+    """An image file under root, not junk (._x.png is not an image) and not in a hidden folder."""
+    relative = path.relative_to(root)
+    return (
+        path.suffix.lower() in IMAGE_EXTENSIONS
+        and not is_junk(relative)
+        and not any(part.startswith(".") for part in relative.parts)
+        and path.is_file()
+    )
+
+
+def find_images(root: str | Path) -> list[Path]:
+    """Every image under root, at any depth, sorted by path (junk and hidden files left out)."""
+    root = Path(root)
+    return sorted(path for path in root.rglob("*") if is_image_file(path, root))
+
+
+def scan_image_folder(root: str | Path) -> tuple[list[Sample], list[str]]:
     """List (path, class index) for every image under root/<class>/, classes sorted by name."""
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"data folder {root} not found: pass --data-dir with train/<class>/ and val/<class>/ inside")
-    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
-    samples = [
-        (path, label)
-        for label, name in enumerate(classes)
-        for path in sorted((root / name).rglob("*"))
-        if path.suffix.lower() in IMAGE_EXTENSIONS
-    ]
+    classes = sorted(
+        entry.name
+        for entry in root.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".") and not is_junk(entry.name)
+    )
+    samples = [(path, label) for label, name in enumerate(classes) for path in find_images(root / name)]
     if not samples:
         raise UserError(f"no images found in {root}: expected {root}/<class>/<image>.png")
     return samples, classes
 
 
-def load_image(path: Path, size: int) -> np.ndarray:
-    """An RGB image as a float32 array of shape (3, size, size), scaled to [-1, 1]."""
-    with Image.open(path) as image:
-        pixels = np.asarray(image.convert("RGB").resize((size, size), Image.BILINEAR), dtype=np.float32)
-    return (pixels.transpose(2, 0, 1) / 127.5) - 1.0
+def image_splits(
+    data_dir: str | Path, labels_csv: str | Path | None = None, val_fraction: float = VAL_FRACTION, seed: int = 0
+) -> Splits:
+    """The training and validation samples under data_dir, from class folders or from a labels CSV."""
+    if labels_csv:
+        return csv_splits(data_dir, labels_csv, val_fraction, seed)
+    root = dataset_root(data_dir, lambda folder: (folder / "train").is_dir())
+    if not (root / "train").is_dir():
+        raise UserError(
+            f"data folder {root / 'train'} not found: --data-dir needs train/<class>/ (and val/<class>/) inside, "
+            "or one folder holding them; for images labelled by a CSV file pass --labels-csv"
+        )
+    train, classes = scan_image_folder(root / "train")
+    if (root / "val").is_dir():
+        val, val_classes = scan_image_folder(root / "val")
+        if val_classes != classes:
+            raise UserError(f"{root}/train and {root}/val hold different class folders: they must match")
+        return Splits(train, val, classes)
+    log.info("no %s: holding out %g of each class of train/ for validation (seed %d)", root / "val", val_fraction, seed)
+    return held_out(train, classes, val_fraction, seed)
 
 
-def synthetic_images(count: int, num_classes: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def csv_splits(data_dir: str | Path, labels_csv: str | Path, val_fraction: float, seed: int) -> Splits:
+    """Samples labelled by a CSV file; rows whose image lies under val/ are the validation split, if any."""
+    csv_path = find_labels_csv(labels_csv, data_dir)
+    rows = read_csv_rows(csv_path)
+    first = image_path(rows[0][1][0])
+    root = dataset_root(data_dir, lambda folder: bool(first) and (folder / first).is_file())
+    labelled, bad = [], []
+    for line, fields in rows:
+        problem = row_problem(fields, root)
+        if problem:
+            bad.append(f"{csv_path} line {line} ({','.join(fields)!r}): {problem}")
+        else:
+            labelled.append((image_path(fields[0]), fields[1].strip()))
+    if bad:
+        more = f" ({len(bad)} bad rows in all)" if len(bad) > 1 else ""
+        raise UserError(f"{bad[0]}{more}: fix or remove the row")
+    classes = sorted({name for _, name in labelled})
+    index = {name: label for label, name in enumerate(classes)}
+    samples = [(root / path, index[name]) for path, name in labelled]
+    in_val = [PurePosixPath(path).parts[0] == "val" for path, _ in labelled]
+    if any(in_val):
+        return Splits(
+            [s for s, v in zip(samples, in_val, strict=True) if not v],
+            [s for s, v in zip(samples, in_val, strict=True) if v],
+            classes,
+        )
+    return held_out(samples, classes, val_fraction, seed)
+
+
+def find_labels_csv(labels_csv: str | Path, data_dir: str | Path) -> Path:
+    """The CSV file as given, or, for a relative name not found from here, inside the data folder."""
+    path = Path(labels_csv)
+    if path.is_file():
+        return path
+    if not path.is_absolute():
+        root = dataset_root(data_dir, lambda folder: (folder / path).is_file())
+        if (root / path).is_file():
+            return root / path
+    raise UserError(
+        f"labels file {labels_csv} not found, neither from the working folder nor in {data_dir}: pass --labels-csv PATH"
+    )
+
+
+def read_csv_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every row after the header, blank lines skipped."""
+    # utf-8-sig: spreadsheet programs start their CSV files with a byte-order mark.
+    with open(csv_path, newline="", encoding="utf-8-sig") as file:
+        reader = csv.reader(file)
+        header = next(reader, None)
+        if not header or len(header) < 2:
+            raise UserError(
+                f"labels file {csv_path} needs a header row and two columns, image path then class name: "
+                f"its first row is {','.join(header or [])!r}"
+            )
+        rows = [(reader.line_num, fields) for fields in reader if any(field.strip() for field in fields)]
+    if not rows:
+        raise UserError(f"labels file {csv_path} has a header row but no rows of labels")
+    return rows
+
+
+def image_path(field: str) -> str:
+    return field.strip().replace("\\", "/")
+
+
+def row_problem(fields: list[str], root: Path) -> str | None:
+    if len(fields) < 2 or not fields[1].strip():
+        return "no label in the second column"
+    path = image_path(fields[0])
+    if not path:
+        return "no image path in the first column"
+    if not (root / path).is_file():
+        return f"image {root / path} not found (paths are relative to {root})"
+    return None
+
+
+def val_count(count: int, fraction: float) -> int:
+    """Images of a class held out: fraction x count rounded, at least one (if two or more), at most count - 1."""
+    if count < 2:
+        return 0
+    return min(count - 1, max(1, int(fraction * count + 0.5)))
+
+
+def split_by_class(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, val indices), val_count() of each class held out; sorted.
+
+    Deterministic: the same labels, fraction and seed give the same split on every rank and
+    every run. Each class is drawn from its own generator (seed, class), never the global one,
+    so adding images of one class does not change which images of another class are held out.
+    """
+    labels_array = np.asarray(labels)
+    val: list[int] = []
+    for label in sorted(set(labels)):
+        members = np.flatnonzero(labels_array == label)
+        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, int(label)])
+        val.extend(rng.permutation(members)[: val_count(len(members), fraction)].tolist())
+    held = set(val)
+    return [i for i in range(len(labels)) if i not in held], sorted(held)
+
+
+def held_out(samples: list[Sample], classes: list[str], fraction: float, seed: int) -> Splits:
+    train_indices, val_indices = split_by_class([label for _, label in samples], fraction, seed)
+    if not val_indices:
+        raise UserError(
+            f"no validation images to hold out: {len(samples)} images in {len(classes)} classes, and a class needs "
+            "two images or more for one to be held out; add images, or provide a val/ split"
+        )
+    return Splits([samples[i] for i in train_indices], [samples[i] for i in val_indices], classes)
+
+
+def load_image(path: Path, size: int, channels: int = 3, mean=MEAN, std=STD) -> np.ndarray:
+    """An image as a float32 array of shape (channels, size, size), normalised as (pixel/255 - mean) / std.
+
+    channels 3: RGB (a grey image is repeated); channels 1: grey. A file that cannot be
+    read raises UnreadableImage naming it.
+    """
+    mode = {1: "L", 3: "RGB"}[channels]
+    try:
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert(mode).resize((size, size), Image.BILINEAR), dtype=np.float32)
+    except Exception as error:  # whatever Pillow raises for a damaged file (OSError, SyntaxError, zlib.error, ...)
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise UnreadableImage(
+            f"image {path} cannot be read ({reason}): replace or delete it (or its row of the labels CSV)"
+        ) from None
+    pixels = pixels.reshape(size, size, channels).transpose(2, 0, 1) / np.float32(255.0)
+    shape = (-1, 1, 1)
+    return (pixels - np.asarray(mean, np.float32).reshape(shape)) / np.asarray(std, np.float32).reshape(shape)
+
+
+def synthetic_images(
+    count: int, num_classes: int, size: int, seed: int, channels: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
     """Noisy copies of one random pattern per class: learnable, so a smoke run shows progress."""
     rng = np.random.default_rng(seed)
-    patterns = rng.standard_normal((num_classes, 3, size, size), dtype=np.float32)
+    patterns = rng.standard_normal((num_classes, channels, size, size), dtype=np.float32)
     labels = rng.integers(0, num_classes, count)
-    noise = rng.standard_normal((count, 3, size, size), dtype=np.float32)
+    noise = rng.standard_normal((count, channels, size, size), dtype=np.float32)
     return patterns[labels] + 2.0 * noise, labels.astype(np.int64)
+
+
+def data_description(train_set, num_classes: int) -> dict:
+    """What a checkpoint must hold to read new images as training did: for predict.py.
+
+    build_datasets() sets these attributes on its sets; a dataset of your own that does
+    not falls back to class names "0", "1", ... and None for what it does not say.
+    """
+    classes = getattr(train_set, "classes", None) or [str(label) for label in range(num_classes)]
+    return {
+        "classes": [str(name) for name in classes],
+        "image_size": getattr(train_set, "image_size", None),
+        "channels": getattr(train_set, "channels", None),
+        "mean": getattr(train_set, "mean", None),
+        "std": getattr(train_set, "std", None),
+    }
+
+
+def model_options(build_model, description: dict) -> dict:
+    """The keyword arguments of build_model() that the data can fill: `channels`, `image_size`.
+
+    build_model(num_classes) stays the extension point: a build_model that takes
+    `channels=` (or `image_size=`) gets it from the data; one that does not is
+    called as before. run.py: build_model(num_classes, **model_options(build_model, description)).
+    """
+    accepted = inspect.signature(build_model).parameters
+    filled = ("channels", "image_size")
+    return {name: description[name] for name in filled if name in accepted and description.get(name)}

@@ -3,6 +3,10 @@
 build_datasets(args) returns (train_set, val_set, num_classes); each set is a
 map-style dataset of (image tensor, class index) pairs. Sampling, sharding
 across ranks and batching are done for you in loaders.build_loaders().
+
+Each set also says how its images were made, for checkpoints and predict.py:
+`classes` (class names, in label order), `image_size`, `channels`, `mean` and
+`std` (images are (pixel/255 - mean) / std). Set them on your own sets too.
 """
 
 from pathlib import Path
@@ -10,37 +14,56 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from .errors import UserError
-from .images import load_image, scan_image_folder, synthetic_images
+from .images import MEAN, STD, VAL_FRACTION, image_splits, load_image, synthetic_images
 
-IMAGE_SIZE = 16
+IMAGE_SIZE = 16  # the default side images are resized to (--image-size): the sample digits are 8x8
+CHANNELS = 3  # the default --channels
 SYNTHETIC_CLASSES = 10
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 
 
-class ImageFolder(Dataset):
-    """Images in root/<class>/*, read with Pillow when asked for."""
+class ImageDataset(Dataset):
+    """Image files with their class indices, read with Pillow when asked for."""
 
-    def __init__(self, root: Path):
-        self.samples, self.classes = scan_image_folder(root)
+    def __init__(self, samples: list[tuple[Path, int]], classes: list[str], image_size: int, channels: int):
+        self.samples = samples
+        describe(self, classes, image_size, channels)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        return torch.from_numpy(load_image(path, IMAGE_SIZE)), label
+        return torch.from_numpy(load_image(path, self.image_size, self.channels, self.mean, self.std)), label
+
+
+def describe(dataset: Dataset, classes: list[str], image_size: int, channels: int) -> Dataset:
+    """Attach what a checkpoint records about the data (see the module's docstring)."""
+    dataset.classes, dataset.image_size, dataset.channels = list(classes), image_size, channels
+    dataset.mean, dataset.std = MEAN, STD
+    return dataset
+
+
+def option(args, name: str, default):
+    """A flag of run.py, or its default when args come from elsewhere (a notebook, a script) without it."""
+    value = getattr(args, name, None)
+    return default if value is None else value
 
 
 def build_datasets(args) -> tuple[Dataset, Dataset, int]:
+    size, channels = option(args, "image_size", IMAGE_SIZE), option(args, "channels", CHANNELS)
     if args.synthetic:
-        images, labels = synthetic_images(SYNTHETIC_TRAIN + SYNTHETIC_VAL, SYNTHETIC_CLASSES, IMAGE_SIZE, args.seed)
+        count = SYNTHETIC_TRAIN + SYNTHETIC_VAL
+        images, labels = synthetic_images(count, SYNTHETIC_CLASSES, size, args.seed, channels)
         images, labels = torch.from_numpy(images), torch.from_numpy(labels)
+        classes = [str(label) for label in range(SYNTHETIC_CLASSES)]
         train = TensorDataset(images[:SYNTHETIC_TRAIN], labels[:SYNTHETIC_TRAIN])
         val = TensorDataset(images[SYNTHETIC_TRAIN:], labels[SYNTHETIC_TRAIN:])
-        return train, val, SYNTHETIC_CLASSES
-    root = Path(args.data_dir)
-    train, val = ImageFolder(root / "train"), ImageFolder(root / "val")
-    if train.classes != val.classes:
-        raise UserError(f"{root}/train and {root}/val hold different class folders: they must match")
-    return train, val, len(train.classes)
+        return describe(train, classes, size, channels), describe(val, classes, size, channels), SYNTHETIC_CLASSES
+    # train/<class>/ and val/<class>/ folders, or a labels CSV; without val, a held-out part of train.
+    splits = image_splits(
+        args.data_dir, option(args, "labels_csv", None), option(args, "val_fraction", VAL_FRACTION), args.seed
+    )
+    train = ImageDataset(splits.train, splits.classes, size, channels)
+    val = ImageDataset(splits.val, splits.classes, size, channels)
+    return train, val, len(splits.classes)
