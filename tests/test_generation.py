@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
-SHARED_PACKAGE = {"__init__", "settings", "cli", "errors", "logs", "archive", "images", "preemption"}
+SHARED_PACKAGE = {"__init__", "settings", "cli", "errors", "logs", "archive", "images", "preemption", "platforms"}
 FRAMEWORK_PACKAGE = {"distributed", "checkpoint", "data", "model", "engine", "loaders"}
 SHARED_TESTS = {"conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_preemption.py", "test_run.py"}
 FRAMEWORK_TESTS = {
