@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -43,8 +43,7 @@ class PlatformError(Exception):
     """The environment describes a job that cannot be right; one line says what to change."""
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     platform: str  # what was found, in words
     nnodes: int
     node_rank: int | None  # None: Paddle's launcher lets the master number the machines
@@ -197,17 +196,17 @@ def decide(
     user_nnodes = "NNODES" in env
     layout = detect(env)
     if "NODE_RANK" in env:
-        layout = replace(layout, node_rank=number("NODE_RANK", env["NODE_RANK"]))
+        layout = layout._replace(node_rank=number("NODE_RANK", env["NODE_RANK"]))
     if env.get("MASTER_ADDR"):
-        layout = replace(layout, master_addr=env["MASTER_ADDR"])
+        layout = layout._replace(master_addr=env["MASTER_ADDR"])
     user_port = number("MASTER_PORT", env["MASTER_PORT"], minimum=1) if env.get("MASTER_PORT") else None
     if user_port is not None:
-        layout = replace(layout, master_port=user_port)
+        layout = layout._replace(master_port=user_port)
     if env.get("NPROC_PER_NODE"):
         nproc = number("NPROC_PER_NODE", env["NPROC_PER_NODE"], minimum=1)
     else:
         nproc = layout.nproc or (visible_gpus if visible_gpus > 0 else 1)
-    layout = replace(layout, nproc=nproc)
+    layout = layout._replace(nproc=nproc)
 
     if nodes == "single" and layout.nnodes != 1:
         if user_nnodes:  # the words of earlier versions, which users and tests know
@@ -225,7 +224,7 @@ def decide(
             f"machines 0 .. {layout.nnodes - 1}, each its own"
         )
     if layout.nnodes == 1:  # no rendezvous across machines: the launcher's own, on this one
-        return replace(layout, master_addr="127.0.0.1", master_port=user_port)
+        return layout._replace(master_addr="127.0.0.1", master_port=user_port)
     if layout.node_rank is None and not master_numbers_machines:
         raise PlatformError(
             f"{layout.platform} does not say which machine this is: set NODE_RANK on every machine, 0 for the "
