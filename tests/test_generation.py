@@ -10,7 +10,9 @@ from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
 SHARED_PACKAGE = {"__init__", "settings", "cli", "errors", "logs", "archive", "images", "preemption", "platforms"}
 FRAMEWORK_PACKAGE = {"distributed", "checkpoint", "data", "model", "engine", "loaders"}
-SHARED_TESTS = {"conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_preemption.py", "test_run.py"}
+SHARED_TESTS = {
+    "conftest.py", "test_archive.py", "test_cli.py", "test_logs.py", "test_preemption.py", "test_run.py", "test_platforms.py"
+}
 FRAMEWORK_TESTS = {
     "pytorch": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
     "paddle": {"test_sampler.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
@@ -24,6 +26,7 @@ ROOT_FILES = {
     "pyproject.toml",
     ".pre-commit-config.yaml",
     ".gitignore",
+    "k8s/train.yaml",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
 

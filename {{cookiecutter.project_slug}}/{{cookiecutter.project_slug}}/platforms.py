@@ -58,7 +58,7 @@ class Layout(NamedTuple):
 def detect(env: Mapping[str, str]) -> Layout:
     """The job as the environment describes it, before the user's own variables (see decide())."""
     if "NNODES" in env:
-        return Layout("NNODES set by you", number("NNODES", env["NNODES"]), 0, "127.0.0.1", DEFAULT_PORT)
+        return Layout("NNODES set by you", number("NNODES", env["NNODES"], minimum=1), 0, "127.0.0.1", DEFAULT_PORT)
     for source in (from_slurm, from_kubeflow, from_paddle, from_modelarts):
         layout = source(env)
         if layout is not None:
@@ -80,7 +80,7 @@ def from_slurm(env: Mapping[str, str]) -> Layout | None:
                 "every machine with `srun --ntasks-per-node=1 bash run.sh`, or submit slurm/train.sbatch"
             )
         return None  # a one-machine allocation's shell: this machine alone
-    nnodes = number("SLURM_NNODES", env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    nnodes = number("SLURM_NNODES", env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")), minimum=1)
     tasks = number("SLURM_NTASKS", env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", str(nnodes))))
     if tasks != nnodes:
         raise PlatformError(
@@ -138,7 +138,9 @@ def from_paddle(env: Mapping[str, str]) -> Layout | None:
         nnodes = fixed_nnodes("PADDLE_NNODES", env.get("PADDLE_NNODES", "1"))
         master = env.get("PADDLE_MASTER", "")
         if "://" in master:
-            raise PlatformError(f"PADDLE_MASTER={master}: run.sh needs a HOST:PORT master, not a {master.split(':')[0]} one")
+            raise PlatformError(
+                f"PADDLE_MASTER={master}: run.sh needs a HOST:PORT master, not a {master.split(':')[0]} one"
+            )
         host, port = split_endpoint("PADDLE_MASTER", master) if master else ("", DEFAULT_PORT)
         name = "Kubeflow PaddleJob" if "PADDLE_JOB_ID" in env else "PaddlePaddle platform (PADDLE_MASTER)"
         return Layout(name, nnodes, paddlejob_machine_index(env), host, port)
@@ -293,7 +295,9 @@ def resolve(host: str, timeout_s: float, lookup=socket.gethostbyname, sleep=time
                 "MASTER_ADDR (or what the platform set), or raise JOIN_TIMEOUT"
             )
         if not told:
-            print(f"waiting for the master's host name {host} to resolve (JOIN_TIMEOUT={timeout_s:g} s)", file=sys.stderr)
+            print(
+                f"waiting for the master's host name {host} to resolve (JOIN_TIMEOUT={timeout_s:g} s)", file=sys.stderr
+            )
             told = True
         sleep(1.0)
 
@@ -341,12 +345,18 @@ def in_workspace(path: str | None, env: Mapping[str, str] = os.environ) -> str |
 def data_url_paths(folder: str, archive_suffixes: tuple[str, ...]) -> tuple[str | None, str | None]:
     """ModelArts's --data_url: (archive, None) for a folder holding one archive, (None, folder) for data."""
     root = Path(folder)
-    archives = sorted(p for p in root.iterdir() if p.is_file() and p.name.lower().endswith(archive_suffixes)) if root.is_dir() else []
+    archives = (
+        sorted(p for p in root.iterdir() if p.is_file() and p.name.lower().endswith(archive_suffixes))
+        if root.is_dir()
+        else []
+    )
     if not archives or (root / "train").is_dir():
         return None, folder
     if len(archives) > 1:
         names = ", ".join(p.name for p in archives)
-        raise PlatformError(f"--data_url {folder} holds several archives ({names}): pass the one to use with --dataset-zip")
+        raise PlatformError(
+            f"--data_url {folder} holds several archives ({names}): pass the one to use with --dataset-zip"
+        )
     return str(archives[0]), None
 
 
