@@ -309,3 +309,4 @@ def test_with_init_method_and_no_launcher_run_py_becomes_run_sh_for_this_machine
         "job-worker-0",
         "6666",
     )
+    assert platforms.decide(env, 0, nodes="multi").platform == "ModelArts (run.py --init_method --rank --world_size)"

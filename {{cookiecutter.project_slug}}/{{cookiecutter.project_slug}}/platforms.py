@@ -37,6 +37,8 @@ AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE na
 MASTER_NUMBERS_MACHINES = FRAMEWORK == "paddle" and LAUNCHER in ("launch", "fleetrun")
 # Set by run.sh for what it starts: the machine's layout is decided, ModelArts's --init_method has no more to say.
 STARTED_BY_RUN_SH = "STARTED_BY_RUN_SH"
+# Set by start_this_machine() for run.sh: where its NNODES came from, for the line run.sh prints.
+NNODES_SOURCE = "NNODES_SOURCE"
 
 
 class PlatformError(Exception):
@@ -58,7 +60,8 @@ class Layout(NamedTuple):
 def detect(env: Mapping[str, str]) -> Layout:
     """The job as the environment describes it, before the user's own variables (see decide())."""
     if "NNODES" in env:
-        return Layout("NNODES set by you", number("NNODES", env["NNODES"], minimum=1), 0, "127.0.0.1", DEFAULT_PORT)
+        source = env.get(NNODES_SOURCE, "NNODES set by you")
+        return Layout(source, number("NNODES", env["NNODES"], minimum=1), 0, "127.0.0.1", DEFAULT_PORT)
     for source in (from_slurm, from_kubeflow, from_paddle, from_modelarts):
         layout = source(env)
         if layout is not None:
@@ -411,6 +414,7 @@ def start_this_machine(args, argv: list[str] | None = None) -> None:
     env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port))
     if args.world_size is not None:  # else run.sh reads the machines from the platform (MA_NUM_HOSTS, ...)
         env.update(NNODES=str(args.world_size), NODE_RANK=str(args.rank or 0))
+        env[NNODES_SOURCE] = "ModelArts (run.py --init_method --rank --world_size)"
     command = ["bash", str(PROJECT_ROOT / "run.sh"), *machine_argv(argv, args)]
     sys.stdout.flush()
     os.execvpe(command[0], command, env)
