@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
-SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state"}
+SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state", "platforms"}
 FRAMEWORK_PACKAGE = {"__init__", "distributed", "checkpoint", "data", "model", "engine", "loaders"}
 SHARED_TESTS = {
     "conftest.py",
@@ -20,6 +20,7 @@ SHARED_TESTS = {
     "test_preemption.py",
     "test_run.py",
     "test_sampler.py",
+    "test_platforms.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
@@ -34,6 +35,7 @@ ROOT_FILES = {
     "pyproject.toml",
     ".pre-commit-config.yaml",
     ".gitignore",
+    "k8s/train.yaml",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
 

@@ -7,7 +7,7 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 import time
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, loaders, logs, preemption
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, loaders, logs, platforms, preemption
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -73,4 +73,6 @@ def train(args) -> None:
 
 
 if __name__ == "__main__":
-    distributed.launch(train, cli.parse_args())
+    args = cli.parse_args()
+    platforms.start_this_machine(args)  # ModelArts: `python run.py --init_method ...` runs this machine's part
+    distributed.launch(train, args)

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Start training with {{ cookiecutter.launcher }}; every argument goes to run.py (see README.md).
-# Optional environment:
-#   NPROC_PER_NODE  processes on this machine (default: the visible GPUs, or 1)
+# Where it runs (SLURM, Kubernetes, ModelArts, AI Studio, or this machine alone) is read from the environment
+# by {{ cookiecutter.project_slug }}/platforms.py, and the first line printed says what was found.
+# Optional environment; each one overrides just its own value:
+#   NPROC_PER_NODE  processes on this machine (default: the platform's figure, else the visible GPUs, else 1)
 {%- if cookiecutter.nodes == "multi" %}
-#   NNODES          machines in the job (default 1)
+#   NNODES          machines in the job (default 1); set, it turns the platform detection off
 #   NODE_RANK       this machine's index, 0 .. NNODES-1 (default 0)
-#   MASTER_ADDR     address of machine 0, reachable from all (default 127.0.0.1)
+#   MASTER_ADDR     address or host name of machine 0, reachable from all (default 127.0.0.1)
 #   MASTER_PORT     a free port on machine 0, the same everywhere (default 29500)
-{%- if cookiecutter.launcher != "spawn" %}
-#   JOIN_TIMEOUT    seconds the machines wait for each other at start before giving up (default 900)
+{%- if cookiecutter.launcher == "spawn" %}
+#   JOIN_TIMEOUT    seconds to wait at start for the master's host name to resolve (default 900; the wait
+#                   for the other machines is run.py's --dist-timeout)
+{%- else %}
+#   JOIN_TIMEOUT    seconds to wait at start for the other machines, and for the master's host name to
+#                   resolve, before giving up (default 900)
 {%- endif %}
 {%- else %}
 #   MASTER_PORT     (default: a free port is picked)
 {%- endif %}
+#   DRY_RUN=1       print what was found and the command that would start, and start nothing
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -26,30 +33,88 @@ count_gpus() {
   fi
 }
 
-gpus=$(count_gpus)
-NPROC_PER_NODE=${NPROC_PER_NODE:-$((gpus > 0 ? gpus : 1))}
-NNODES=${NNODES:-1}
+# The platform's word and the variables above give NNODES, NODE_RANK (unset where the master numbers the
+# machines), NPROC_PER_NODE, MASTER_ADDR (an IP address: a host name is resolved, and waited for),
+# MASTER_PORT (unset: a free one), OUTPUT_DIR (run.py's output folder, decided where run.py decides it)
+# and the line `found`; or one error line, and exit status 1. A bad argument stops here too.
+found=""
+layout=$(VISIBLE_GPUS=$(count_gpus) python -m {{ cookiecutter.project_slug }}.platforms "$@") || exit
+eval "$layout"
+echo "$found"
 {%- if cookiecutter.nodes == "multi" %}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-MASTER_PORT=${MASTER_PORT:-29500}
 {%- if cookiecutter.launcher != "spawn" %}
 JOIN_TIMEOUT=${JOIN_TIMEOUT:-900}
 {%- endif %}
 # Machine 0 hosts the rendezvous on MASTER_PORT: a busy port would fail late, or make it wait forever.
-if ((NNODES > 1 && NODE_RANK == 0)) && (: <"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; then
+if ((NNODES > 1)) && [[ ${NODE_RANK:-} == 0 ]] && (: <"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; then
   echo "error: MASTER_PORT $MASTER_PORT on $MASTER_ADDR is in use: pick a free one, the same on every machine" >&2
   exit 1
 fi
-{%- else %}
-if ((NNODES != 1)); then
-  echo "error: this project was baked for one machine (nodes=single); bake it again with nodes=multi to use NNODES=$NNODES" >&2
-  exit 1
-fi
 {%- endif %}
+# From here on the layout is run.sh's alone. What a platform set would override it: paddle's launcher prefers
+# PADDLE_* to its flags, torchrun PET_* to its defaults, and run.py would take SLURM_NTASKS, or a pod's RANK and
+# WORLD_SIZE, to mean that it is one rank of the job rather than the starter of this machine's processes.
+unset "${!PET_@}" PADDLE_MASTER PADDLE_NNODES PADDLE_RANK PADDLE_NPROC_PER_NODE PADDLE_TRAINER_ID PADDLE_TRAINERS_NUM \
+  PADDLE_TRAINER_ENDPOINTS PADDLE_CURRENT_ENDPOINT PADDLE_TRAINERS SLURM_NTASKS SLURM_NPROCS RANK WORLD_SIZE LOCAL_RANK
+export STARTED_BY_RUN_SH=1 # run.py: the machine's layout is decided (ModelArts's --init_method has no more to say)
 # Share the CPU cores among this machine's processes rather than oversubscribe them.
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / NPROC_PER_NODE > 0 ? cores / NPROC_PER_NODE : 1))}
+{% if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
+# {{ cookiecutter.project_slug }}/launcher.py runs {{ "torchrun" if cookiecutter.launcher == "torchrun" else "torch.distributed.launch" }} itself, and ends a failed job with one line.
+{%- endif %}
+{%- if cookiecutter.launcher == "torchrun" %}
+command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@")
+{%- if cookiecutter.nodes == "multi" %}
+if ((NNODES > 1)); then
+  command=(python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK"
+    --nproc_per_node="$NPROC_PER_NODE" --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"
+    --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@")
+fi
+{%- endif %}
+{%- elif cookiecutter.launcher == "launch" and cookiecutter.framework == "pytorch" %}
+command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@")
+{%- if cookiecutter.nodes == "multi" %}
+if ((NNODES > 1)); then
+  command=(python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node-rank="$NODE_RANK"
+    --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT"
+    --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@")
+fi
+{%- endif %}
+{%- elif cookiecutter.launcher == "spawn" %}
+# run.py spawns NPROC_PER_NODE processes itself.
+export NPROC_PER_NODE NNODES
+{%- if cookiecutter.nodes == "multi" %}
+if ((NNODES > 1)); then
+  export NODE_RANK MASTER_ADDR MASTER_PORT
+fi
+{%- endif %}
+command=(python run.py "$@")
+{%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
+# {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
+# to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's output folder
+# (launch-logs/nodeR on several machines), overwritten by every run.
+log_dir="$OUTPUT_DIR/launch-logs"
+launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
+{%- if cookiecutter.nodes == "multi" %}
+if ((NNODES > 1)); then
+  # (Simulating machines on one, start machine 0 first or together: there any of them may host the master.)
+  log_dir+="/node${NODE_RANK:-$(hostname)}"
+  launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES")
+  if [[ -n ${NODE_RANK:-} ]]; then # else the master numbers the machines, its own first (a PaddleJob)
+    launch_args+=(--rank "$NODE_RANK")
+  fi
+  export JOIN_TIMEOUT
+fi
+{%- endif %}
+# {{ cookiecutter.project_slug }}/launcher.py runs paddle.distributed.launch{{ " (what fleetrun runs too)" if cookiecutter.launcher == "fleetrun" }} in-process{{ ", and gives up after JOIN_TIMEOUT" if cookiecutter.nodes == "multi" }}.
+# paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
+command=(python -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" run.py "$@")
+{%- endif %}
+if [[ ${DRY_RUN:-} == 1 ]]; then
+  echo "would run: ${command[*]@Q}"
+  exit 0
+fi
 {%- if cookiecutter.install_requirements == "yes" %}
 
 # Script-task platforms start from a bare image: install once per machine, before any process starts.
@@ -59,50 +124,7 @@ if ! python -m pip install --quiet --disable-pip-version-check -r requirements.t
   exit 1
 fi
 {%- endif %}
-{% if cookiecutter.framework == "pytorch" and cookiecutter.launcher != "spawn" %}
-# {{ cookiecutter.project_slug }}/launcher.py runs {{ "torchrun" if cookiecutter.launcher == "torchrun" else "torch.distributed.launch" }} itself, and ends a failed job with one line.
-{%- endif %}
-{%- if cookiecutter.launcher == "torchrun" %}
-{%- if cookiecutter.nodes == "multi" %}
-if ((NNODES > 1)); then
-  exec python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" \
-    --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
-fi
-{%- endif %}
-exec python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@"
-{%- elif cookiecutter.launcher == "launch" and cookiecutter.framework == "pytorch" %}
-{%- if cookiecutter.nodes == "multi" %}
-if ((NNODES > 1)); then
-  exec python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node-rank="$NODE_RANK" \
-    --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \
-    --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@"
-fi
-{%- endif %}
-exec python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@"
-{%- elif cookiecutter.launcher == "spawn" %}
-# run.py spawns NPROC_PER_NODE processes itself.
-export NPROC_PER_NODE NNODES
-{%- if cookiecutter.nodes == "multi" %}
-if ((NNODES > 1)); then
-  export NODE_RANK MASTER_ADDR MASTER_PORT
-fi
-{%- endif %}
-exec python run.py "$@"
-{%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
-# {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
-# to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's --output-dir
-# (launch-logs/nodeR on several machines), overwritten by every run.
-output_dir_of() {
-  local dir=output
-  while (($# > 0)); do
-    case $1 in
-      --output-dir=*) dir=${1#*=} ;;
-      --output-dir) dir=${2:-$dir} ;;
-    esac
-    shift
-  done
-  echo "$dir"
-}
+{%- if cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
 
 # The console shows worker 0's output only: name the error of each other worker that failed differently.
 show_worker_errors() {
@@ -116,20 +138,8 @@ show_worker_errors() {
   done
 }
 
-log_dir="$(output_dir_of "$@")/launch-logs"
-launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
-{%- if cookiecutter.nodes == "multi" %}
-if ((NNODES > 1)); then
-  # (Simulating machines on one, start machine 0 first or together: there any of them may host the master.)
-  log_dir+="/node$NODE_RANK"
-  launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES" --rank "$NODE_RANK")
-  export JOIN_TIMEOUT
-fi
-{%- endif %}
 rm -f "$log_dir"/workerlog.* # launcher.py takes a new workerlog.0 as the sign that every machine joined
-# {{ cookiecutter.project_slug }}/launcher.py runs paddle.distributed.launch{{ " (what fleetrun runs too)" if cookiecutter.launcher == "fleetrun" }} in-process{{ ", and gives up after JOIN_TIMEOUT" if cookiecutter.nodes == "multi" }}.
-# paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
-python -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" run.py "$@" &
+"${command[@]}" &
 launcher=$!
 # Kubernetes sends SIGTERM to this script only: pass it on, so that the workers save and stop.
 stopped=0
@@ -147,4 +157,6 @@ if ((status != 0)); then
   show_worker_errors "$log_dir"
 fi
 exit "$status"
+{%- else %}
+exec "${command[@]}"
 {%- endif %}

@@ -4,6 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
+from . import platforms
 from .settings import DATASET
 
 # Defaults are anchored to the project folder, so `python /path/to/run.py` works from anywhere.
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument(
-        "--output-dir", default=str(PROJECT_ROOT / "output"), help="checkpoints, logs and metrics.jsonl go here"
+        "--output-dir",
+        help="checkpoints, logs and metrics.jsonl go here (default: output/ in the project folder; "
+        "on AI Studio the workspace's output/)",
     )
     parser.add_argument(
         "--resume",
@@ -131,28 +134,55 @@ def build_parser() -> argparse.ArgumentParser:
     # torch.distributed.launch passes --local-rank (or --local_rank on old versions);
     # the LOCAL_RANK variable it also sets is what the code reads.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    # What ModelArts passes to the boot file (platforms.py, README.md).
+    modelarts = parser.add_argument_group("ModelArts")
+    modelarts.add_argument("--data_url", help="the dataset: a folder of data, or a folder holding its archive")
+    modelarts.add_argument("--train_url", help="the same as --output-dir")
+    modelarts.add_argument(
+        "--init_method",
+        help="tcp://HOST:PORT of machine 0: with no launcher, run.py starts this machine's processes itself "
+        "(ignored under a launcher)",
+    )
+    modelarts.add_argument("--rank", type=non_negative_int, help="with --init_method: this machine's index")
+    modelarts.add_argument("--world_size", type=positive_int, help="with --init_method: the number of machines")
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
-    resolve_data_paths(args)
+def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.output_dir = platforms.output_dir(args.output_dir, args.train_url)  # the one place that decides it
+    try:
+        resolve_data_paths(args, quiet)
+    except platforms.PlatformError as error:
+        parser.error(str(error))
     if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args
 
 
-def resolve_data_paths(args: argparse.Namespace) -> None:
+def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:
     """Which archive to extract, and where.
 
     An explicit --data-dir alone means "my data is already there": nothing is extracted.
-    An explicit --dataset-zip alone extracts into a folder beside it, named after it.
+    An explicit --dataset-zip alone extracts into a folder beside it, named after it (elsewhere, with a
+    line saying where, if that folder cannot be written).
+    ModelArts's --data_url fills in whichever of the two it holds and the user did not give.
     Neither: the bundled sample (data/digits.zip into data/digits) in a dataset=zip project.
     --synthetic needs no data: nothing is extracted.
     """
+    if args.data_url:
+        archive, folder = platforms.data_url_paths(args.data_url, ARCHIVE_SUFFIXES)
+        args.dataset_zip = args.dataset_zip or archive
+        if args.dataset_zip is None and args.data_dir is None:
+            args.data_dir = folder
+    args.dataset_zip, args.data_dir = platforms.in_workspace(args.dataset_zip), platforms.in_workspace(args.data_dir)
     if args.dataset_zip:
         if args.data_dir is None:
-            args.data_dir = str(folder_for_archive(Path(args.dataset_zip)))
+            target, note = platforms.writable_target(folder_for_archive(Path(args.dataset_zip)))
+            args.data_dir = str(target)
+            if note and not quiet:
+                platforms.say_once_per_machine(note)
     elif args.data_dir is None:
         args.data_dir = str(SAMPLE_DATA_DIR)
         if DATASET == "zip":

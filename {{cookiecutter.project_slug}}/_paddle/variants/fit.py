@@ -37,6 +37,11 @@ def paddle_model(network: paddle.nn.Layer) -> paddle.Model:
         return paddle.Model(network)
 
 
+def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
+    """fit's callback that steps the cosine schedule once per epoch, before EpochEnd saves it (its default: every step)."""
+    return paddle.callbacks.LRScheduler(by_step=False, by_epoch=True)
+
+
 def accumulated_loss(grad_accum: int):
     """Cross-entropy for Model.prepare().
 

@@ -1,14 +1,14 @@
 """Train the model with paddle.Model.fit: one process, or many started by run.sh.
 
+(paddle is imported through the package only, so that its quiet start comes first.)
+
 python run.py [--epochs N ...]      one process (CPU or one GPU)
 NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 """
 
 from pathlib import Path
 
-import paddle
-
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, loaders, logs, preemption
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, loaders, logs, platforms, preemption
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -60,13 +60,11 @@ def train(args) -> None:
                 "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
             )
         else:
-            # The cosine schedule steps once per epoch, before EpochEnd saves it (fit's default: every step).
-            schedule = paddle.callbacks.LRScheduler(by_step=False, by_epoch=True)
             epoch_end = fit.EpochEnd(train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every)
             try:
                 model.fit(
                     train_loader, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
-                    accumulate_grad_batches=args.grad_accum, callbacks=[schedule, epoch_end],
+                    accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_per_epoch(), epoch_end],
                 )  # fmt: skip
             except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
                 checkpoints.save_stopped(stopped)
@@ -79,4 +77,6 @@ def train(args) -> None:
 
 
 if __name__ == "__main__":
-    distributed.launch(train, cli.parse_args())
+    args = cli.parse_args()
+    platforms.start_this_machine(args)  # ModelArts: `python run.py --init_method ...` runs this machine's part
+    distributed.launch(train, args)

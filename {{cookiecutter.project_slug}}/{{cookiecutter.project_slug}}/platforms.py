@@ -1,0 +1,483 @@
+"""Where the job runs, read from what the platform put in the environment; and where its outputs go.
+
+run.sh asks this module before it starts anything: `python -m <package>.platforms [run.py's ARGS]` prints
+shell assignments (machines, this machine's index, processes per machine, the master, the output folder)
+that run.sh evaluates, or one `error:` line, exit status 1. The platform is the first source that matches:
+
+    SLURM         inside an srun step, one task per machine: SLURM_NNODES, SLURM_NODEID, the first host
+    Kubeflow      PyTorchJob / TrainJob: PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT;
+                  older operators (one process per pod): WORLD_SIZE machines, RANK, MASTER_ADDR/PORT
+    PaddleJob     PADDLE_MASTER, PADDLE_NNODES; PaddleCloud / AI Studio: the PADDLE_TRAINER_ENDPOINTS family
+    ModelArts     MA_NUM_HOSTS, VC_TASK_INDEX, VC_WORKER_HOSTS (the first is the master), MA_NUM_GPUS
+    none          this machine alone
+
+A user who sets NNODES describes the job alone (no detection); NODE_RANK, MASTER_ADDR, MASTER_PORT and
+NPROC_PER_NODE set by the user override just their own value. The standard library only: no framework.
+"""
+
+import ipaddress
+import os
+import re
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from .settings import FRAMEWORK, LAUNCHER, NODES
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PORT = 29500
+DEFAULT_JOIN_TIMEOUT_S = 900.0
+AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE names another (tests)
+# Paddle's launcher can let the master number the machines; torchrun, torch.distributed.launch and spawn cannot.
+MASTER_NUMBERS_MACHINES = FRAMEWORK == "paddle" and LAUNCHER in ("launch", "fleetrun")
+# Set by run.sh for what it starts: the machine's layout is decided, ModelArts's --init_method has no more to say.
+STARTED_BY_RUN_SH = "STARTED_BY_RUN_SH"
+# Set by start_this_machine() for run.sh: where its NNODES came from, for the line run.sh prints.
+NNODES_SOURCE = "NNODES_SOURCE"
+
+
+class PlatformError(Exception):
+    """The environment describes a job that cannot be right; one line says what to change."""
+
+
+class Layout(NamedTuple):
+    platform: str  # what was found, in words
+    nnodes: int
+    node_rank: int | None  # None: Paddle's launcher lets the master number the machines
+    master_addr: str
+    master_port: int | None  # None: one machine, a free port picked at start
+    nproc: int | None = None  # processes per machine, where the platform says
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def detect(env: Mapping[str, str]) -> Layout:
+    """The job as the environment describes it, before the user's own variables (see decide())."""
+    if "NNODES" in env:
+        source = env.get(NNODES_SOURCE, "NNODES set by you")
+        return Layout(source, number("NNODES", env["NNODES"], minimum=1), 0, "127.0.0.1", DEFAULT_PORT)
+    for source in (from_slurm, from_kubeflow, from_paddle, from_modelarts):
+        layout = source(env)
+        if layout is not None:
+            return layout
+    return Layout("none (this machine alone)", 1, 0, "127.0.0.1", DEFAULT_PORT)
+
+
+def from_slurm(env: Mapping[str, str]) -> Layout | None:
+    if "SLURM_JOB_ID" not in env:
+        return None
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", ""))
+    # The batch shell and the "extern" step carry ids near 2**32, not the small numbers of srun steps.
+    in_step = step.isdigit() and int(step) < 0xFFFFFFF0
+    if not in_step:
+        machines = number("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+        if machines > 1:
+            raise PlatformError(
+                f"this is the batch shell of a {machines}-machine SLURM allocation, outside srun: start run.sh on "
+                "every machine with `srun --ntasks-per-node=1 bash run.sh`, or submit slurm/train.sbatch"
+            )
+        return None  # a one-machine allocation's shell: this machine alone
+    nnodes = number("SLURM_NNODES", env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")), minimum=1)
+    tasks = number("SLURM_NTASKS", env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", str(nnodes))))
+    if tasks != nnodes:
+        raise PlatformError(
+            f"run.sh runs as one task per machine and starts that machine's processes itself, but this srun step "
+            f"has {tasks} tasks on {nnodes} machine(s): use `srun --ntasks-per-node=1 bash run.sh` (as "
+            "slurm/train.sbatch does), or `srun python run.py` for one task per process"
+        )
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+    job_id = env["SLURM_JOB_ID"]
+    # The same port on every machine of the job, and another for the next job on the same head node.
+    port = 20000 + int(job_id) % 10000 if job_id.isdigit() else DEFAULT_PORT
+    rank = number("SLURM_NODEID", env.get("SLURM_NODEID", "0"))
+    return Layout("SLURM", nnodes, rank, first_slurm_host(nodelist) or "127.0.0.1", port)
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: "gpu[07-09,12],cpu1" -> "gpu07"; "r[1-2]-n[3-4]" -> "r1-n3"."""
+    first, depth = [], 0
+    for char in nodelist:
+        if char == "," and depth == 0:
+            break
+        depth += (char == "[") - (char == "]")
+        first.append(char)
+    return re.sub(r"\[([^\]]*)\]", lambda group: re.split(r"[-,]", group.group(1))[0], "".join(first))
+
+
+def from_kubeflow(env: Mapping[str, str]) -> Layout | None:
+    if "PET_NNODES" in env:  # PyTorchJob (training-operator v1.7+), TrainJob (Trainer v2)
+        nnodes = fixed_nnodes("PET_NNODES", env["PET_NNODES"])
+        rank = env.get("PET_NODE_RANK", env.get("RANK"))
+        nproc = env.get("PET_NPROC_PER_NODE", "")
+        return Layout(
+            "Kubeflow PyTorchJob/TrainJob",
+            nnodes,
+            None if rank is None else number("PET_NODE_RANK", rank),
+            env.get("PET_MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1")),
+            number("PET_MASTER_PORT", env.get("PET_MASTER_PORT", env.get("MASTER_PORT", str(DEFAULT_PORT)))),
+            # "auto", "gpu", "cpu": torchrun's own words for "count them"; run.sh counts the GPUs.
+            number("PET_NPROC_PER_NODE", nproc, minimum=1) if nproc.isdigit() else None,
+        )
+    if {"WORLD_SIZE", "RANK", "MASTER_ADDR"} <= env.keys() and "LOCAL_RANK" not in env:
+        # Older operators: one process per pod, so WORLD_SIZE counts pods and RANK is the pod's index.
+        return Layout(
+            "Kubeflow PyTorchJob (WORLD_SIZE pods)",
+            number("WORLD_SIZE", env["WORLD_SIZE"], minimum=1),
+            number("RANK", env["RANK"]),
+            env["MASTER_ADDR"],
+            number("MASTER_PORT", env.get("MASTER_PORT", str(DEFAULT_PORT))),
+        )
+    return None
+
+
+def from_paddle(env: Mapping[str, str]) -> Layout | None:
+    if "PADDLE_MASTER" in env or "PADDLE_NNODES" in env:  # Kubeflow PaddleJob, AI Studio
+        nnodes = fixed_nnodes("PADDLE_NNODES", env.get("PADDLE_NNODES", "1"))
+        master = env.get("PADDLE_MASTER", "")
+        if "://" in master:
+            raise PlatformError(
+                f"PADDLE_MASTER={master}: run.sh needs a HOST:PORT master, not a {master.split(':')[0]} one"
+            )
+        host, port = split_endpoint("PADDLE_MASTER", master) if master else ("", DEFAULT_PORT)
+        name = "Kubeflow PaddleJob" if "PADDLE_JOB_ID" in env else "PaddlePaddle platform (PADDLE_MASTER)"
+        return Layout(name, nnodes, paddlejob_machine_index(env), host, port)
+    family = env.get("PADDLE_TRAINERS") or env.get("PADDLE_TRAINER_ENDPOINTS")
+    if not family:
+        return None
+    # PaddleCloud / AI Studio: machines are the distinct hosts of the list, the first one the master.
+    endpoints = [item.strip() for item in env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if item.strip()]
+    hosts = list(dict.fromkeys(item.strip().rsplit(":", 1)[0] for item in family.split(",") if item.strip()))
+    here = env.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0] or env.get("POD_IP", "")
+    if here in hosts:
+        rank = hosts.index(here)
+    elif "PADDLE_TRAINER_ID" in env and env.get("PADDLE_TRAINERS_NUM", str(len(hosts))) == str(len(hosts)):
+        rank = number("PADDLE_TRAINER_ID", env["PADDLE_TRAINER_ID"])
+    else:
+        rank = None
+    port = split_endpoint("PADDLE_TRAINER_ENDPOINTS", endpoints[0])[1] if endpoints else DEFAULT_PORT
+    return Layout("PaddlePaddle platform (PADDLE_TRAINER_ENDPOINTS)", len(hosts), rank, hosts[0], port)
+
+
+def paddlejob_machine_index(env: Mapping[str, str]) -> int | None:
+    """A PaddleJob pod's index: the operator gives worker 0 POD_IP_DUMMY, and names pods <job>-worker-<index>."""
+    if "PADDLE_RANK" in env:
+        return number("PADDLE_RANK", env["PADDLE_RANK"])
+    if "POD_IP_DUMMY" in env:
+        return 0
+    job, pod = env.get("PADDLE_JOB_ID"), env.get("HOSTNAME", socket.gethostname())
+    match = re.fullmatch(re.escape(job) + r"-worker-(\d+)", pod) if job else None
+    return int(match.group(1)) if match else None
+
+
+def from_modelarts(env: Mapping[str, str]) -> Layout | None:
+    if "MA_NUM_HOSTS" not in env and "VC_WORKER_HOSTS" not in env:
+        return None
+    hosts = [host.strip() for host in env.get("VC_WORKER_HOSTS", "").split(",") if host.strip()]
+    nnodes = number("MA_NUM_HOSTS", env.get("MA_NUM_HOSTS", env.get("VC_WORKER_NUM", str(len(hosts) or 1))), minimum=1)
+    gpus = env.get("MA_NUM_GPUS", "")
+    return Layout(
+        "ModelArts",
+        nnodes,
+        number("VC_TASK_INDEX", env.get("VC_TASK_INDEX", "0")),
+        hosts[0] if hosts else "",  # none: decide() asks for MASTER_ADDR when there are several machines
+        DEFAULT_PORT,
+        int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
+    )
+
+
+def decide(
+    env: Mapping[str, str],
+    visible_gpus: int,
+    nodes: str = NODES,
+    master_numbers_machines: bool = MASTER_NUMBERS_MACHINES,
+) -> Layout:
+    """The layout run.sh starts: the platform's, then the user's own variables, checked."""
+    user_nnodes = "NNODES" in env
+    layout = detect(env)
+    if "NODE_RANK" in env:
+        layout = layout._replace(node_rank=number("NODE_RANK", env["NODE_RANK"]))
+    if env.get("MASTER_ADDR"):
+        layout = layout._replace(master_addr=env["MASTER_ADDR"])
+    user_port = number("MASTER_PORT", env["MASTER_PORT"], minimum=1) if env.get("MASTER_PORT") else None
+    if user_port is not None:
+        layout = layout._replace(master_port=user_port)
+    if env.get("NPROC_PER_NODE"):
+        nproc = number("NPROC_PER_NODE", env["NPROC_PER_NODE"], minimum=1)
+    else:
+        nproc = layout.nproc or (visible_gpus if visible_gpus > 0 else 1)
+    layout = layout._replace(nproc=nproc)
+
+    if nodes == "single" and layout.nnodes != 1:
+        if user_nnodes:  # the words of earlier versions, which users and tests know
+            raise PlatformError(
+                "this project was baked for one machine (nodes=single); bake it again with nodes=multi "
+                f"to use NNODES={env['NNODES']}"
+            )
+        raise PlatformError(
+            f"{layout.platform} says this job has {layout.nnodes} machines, but this project was baked for one "
+            "machine (nodes=single): bake it again with nodes=multi, or give the job one machine"
+        )
+    if layout.node_rank is not None and layout.node_rank >= layout.nnodes:
+        raise PlatformError(
+            f"NODE_RANK {layout.node_rank} is not below NNODES {layout.nnodes} ({layout.platform}): number the "
+            f"machines 0 .. {layout.nnodes - 1}, each its own"
+        )
+    if layout.nnodes == 1:  # no rendezvous across machines: the launcher's own, on this one
+        return layout._replace(master_addr="127.0.0.1", master_port=user_port)
+    if layout.node_rank is None and not master_numbers_machines:
+        raise PlatformError(
+            f"{layout.platform} does not say which machine this is: set NODE_RANK on every machine, 0 for the "
+            f"one at {layout.master_addr or 'MASTER_ADDR'}"
+        )
+    if not layout.master_addr:
+        raise PlatformError(f"{layout.platform} names no master for its {layout.nnodes} machines: set MASTER_ADDR")
+    return layout
+
+
+def number(name: str, text: str, minimum: int = 0) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise PlatformError(f"{name}={text!r} is not a whole number of {minimum} or more")
+    return value
+
+
+def fixed_nnodes(name: str, text: str) -> int:
+    """A number of machines; "N:N" (an elastic range that is not one) counts as N."""
+    low, _, high = text.partition(":")
+    if high and high != low:
+        raise PlatformError(
+            f"{name}={text} asks for an elastic job of {low} to {high} machines; run.sh starts a fixed number: "
+            "make the minimum and the maximum the same"
+        )
+    return number(name, low, minimum=1)
+
+
+def split_endpoint(name: str, endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise PlatformError(f"{name}={endpoint!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def join_timeout(env: Mapping[str, str]) -> float:
+    text = env.get("JOIN_TIMEOUT") or str(DEFAULT_JOIN_TIMEOUT_S)
+    try:
+        return float(text)
+    except ValueError:
+        raise PlatformError(f"JOIN_TIMEOUT={text!r} is not a number of seconds") from None
+
+
+def resolve(host: str, timeout_s: float, lookup=socket.gethostbyname, sleep=time.sleep) -> str:
+    """The IP address of `host`, asked again every second while it does not resolve yet (Kubernetes names
+    appear seconds after the pods), up to `timeout_s`. Paddle's launcher hosts the master only when given
+    one of its own IP addresses, never a name; torch takes either."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    told = False
+    while True:
+        try:
+            return lookup(host)
+        except OSError:  # socket.gaierror: not (yet) known
+            pass
+        if time.monotonic() >= deadline:
+            raise PlatformError(
+                f"the master's host name {host!r} did not resolve within JOIN_TIMEOUT={timeout_s:g} s: check "
+                "MASTER_ADDR (or what the platform set), or raise JOIN_TIMEOUT"
+            )
+        if not told:
+            print(
+                f"waiting for the master's host name {host} to resolve (JOIN_TIMEOUT={timeout_s:g} s)", file=sys.stderr
+            )
+            told = True
+        sleep(1.0)
+
+
+def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
+    """The one line run.sh prints at start."""
+    machine = "(numbered by the master)" if layout.node_rank is None else str(layout.node_rank)
+    master = layout.master_addr if master_ip == layout.master_addr else f"{layout.master_addr} ({master_ip})"
+    port = "a free port" if layout.master_port is None else f"port {layout.master_port}"
+    processes = "process" if layout.nproc == 1 else "processes"
+    return (
+        f"platform: {layout.platform}; machine {machine} of {layout.nnodes}; {layout.nproc} {processes} per machine; "
+        f"master {master}, {port}; outputs in {os.path.abspath(output_dir)}"
+    )
+
+
+# ----------------------------------------------------------------------------- folders
+
+
+def aistudio_workspace(env: Mapping[str, str] = os.environ) -> Path | None:
+    """The AI Studio script task's workspace, where it exists: only its output/ survives the task."""
+    folder = Path(env["PADDLEJOB_WORKSPACE"]) if env.get("PADDLEJOB_WORKSPACE") else AISTUDIO_WORKSPACE
+    return folder if folder.is_dir() else None
+
+
+def output_dir(given: str | None, train_url: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """The one decision of where outputs go: --output-dir, else ModelArts's --train_url, else the AI Studio
+    workspace's output/, else output/ in the project folder."""
+    if given:
+        return given
+    if train_url:
+        return train_url
+    workspace = aistudio_workspace(env)
+    return str(workspace / "output" if workspace else PROJECT_ROOT / "output")
+
+
+def in_workspace(path: str | None, env: Mapping[str, str] = os.environ) -> str | None:
+    """A relative path that is not here but is in the AI Studio workspace (train_data/datasets/<id>/...)."""
+    workspace = aistudio_workspace(env)
+    if path and workspace and not Path(path).is_absolute() and not Path(path).exists() and (workspace / path).exists():
+        return str(workspace / path)
+    return path
+
+
+def data_url_paths(folder: str, archive_suffixes: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """ModelArts's --data_url: (archive, None) for a folder holding one archive, (None, folder) for data."""
+    root = Path(folder)
+    archives = (
+        sorted(p for p in root.iterdir() if p.is_file() and p.name.lower().endswith(archive_suffixes))
+        if root.is_dir()
+        else []
+    )
+    if not archives or (root / "train").is_dir():
+        return None, folder
+    if len(archives) > 1:
+        names = ", ".join(p.name for p in archives)
+        raise PlatformError(
+            f"--data_url {folder} holds several archives ({names}): pass the one to use with --dataset-zip"
+        )
+    return str(archives[0]), None
+
+
+def can_write(folder: Path) -> bool:
+    """Whether `folder` (or, not there yet, the nearest folder above it) takes new files."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
+
+
+def writable_target(target: Path) -> tuple[Path, str | None]:
+    """Where to extract an archive meant for `target` (beside it): there, unless that cannot be written
+    (a platform's read-only dataset folder); then in data/ of the project, or the temporary folder."""
+    if target.exists() or can_write(target.parent):
+        return target, None
+    for folder in (PROJECT_ROOT / "data", Path(tempfile.gettempdir()) / f"{PROJECT_ROOT.name}-data"):
+        if can_write(folder):
+            moved = folder / target.name
+            return moved, f"{target.parent} cannot be written: the dataset archive is extracted into {moved}"
+    return target, None  # nowhere better: the extraction itself will say what is wrong
+
+
+def say_once_per_machine(line: str) -> None:
+    """Print `line` from one process per machine: the first of the launcher's, or the one before any."""
+    if os.environ.get("LOCAL_RANK", os.environ.get("PADDLE_LOCAL_RANK", "0")) == "0":
+        print(line, flush=True)
+
+
+# ----------------------------------------------------------------------------- ModelArts: one command per machine
+
+
+def under_launcher(env: Mapping[str, str] = os.environ) -> bool:
+    """True in a process that run.sh, torchrun, torch.distributed.launch, paddle's launcher or srun started as part of a job."""
+    marks = (STARTED_BY_RUN_SH, "LOCAL_RANK", "PADDLE_LOCAL_RANK")
+    return any(name in env for name in marks) or env.get("SLURM_NTASKS", "1") not in ("", "0", "1")
+
+
+def start_this_machine(args, argv: list[str] | None = None) -> None:
+    """ModelArts's `python run.py --init_method tcp://HOST:PORT --rank R --world_size W`, once per machine
+    with no launcher: this command stands for machine R of W. It becomes `bash run.sh` with NNODES=W,
+    NODE_RANK=R, MASTER_ADDR=HOST, MASTER_PORT=PORT (and the same other arguments), so that this machine's
+    processes start as the project's launcher starts them: one per GPU, or one on a machine without a GPU.
+    Does nothing without --init_method, or under a launcher (the flags are then ignored)."""
+    if not args.init_method or under_launcher():
+        return
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        host, port = parse_init_method(args.init_method)
+    except PlatformError as error:
+        sys.exit(f"error: {error}")
+    env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port))
+    if args.world_size is not None:  # else run.sh reads the machines from the platform (MA_NUM_HOSTS, ...)
+        env.update(NNODES=str(args.world_size), NODE_RANK=str(args.rank or 0))
+        env[NNODES_SOURCE] = "ModelArts (run.py --init_method --rank --world_size)"
+    command = ["bash", str(PROJECT_ROOT / "run.sh"), *machine_argv(argv, args)]
+    sys.stdout.flush()
+    os.execvpe(command[0], command, env)
+
+
+def parse_init_method(init_method: str) -> tuple[str, int]:
+    scheme, _, endpoint = init_method.partition("://")
+    if scheme != "tcp" or not endpoint:
+        raise PlatformError(f"--init_method {init_method!r} is not tcp://HOST:PORT")
+    return split_endpoint("--init_method", endpoint)
+
+
+MACHINE_FLAGS = ("--init_method", "--rank", "--world_size")
+
+
+def machine_argv(argv: list[str], args) -> list[str]:
+    """run.py's arguments for run.sh: without the flags that named this machine, and with the paths made
+    absolute (run.sh starts in the project folder, not where `python run.py` was started)."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in MACHINE_FLAGS:
+            skip = True
+        elif not item.startswith(tuple(flag + "=" for flag in MACHINE_FLAGS)):
+            kept.append(item)
+    kept += ["--output-dir", os.path.abspath(args.output_dir), "--data-dir", os.path.abspath(args.data_dir)]
+    if args.dataset_zip:
+        kept += ["--dataset-zip", os.path.abspath(args.dataset_zip)]
+    if args.resume not in ("auto", "none"):
+        kept += ["--resume", os.path.abspath(args.resume)]
+    return kept
+
+
+# ----------------------------------------------------------------------------- run.sh's question
+
+
+def main(argv: list[str]) -> None:
+    from . import cli  # here, not above: cli uses this module
+
+    sys.argv[0] = "run.py"  # whose flags these are, in argparse's messages
+    args = cli.parse_args(argv, quiet=True)  # a bad flag stops here, before any process starts
+    env = os.environ
+    try:
+        layout = decide(env, int(env.get("VISIBLE_GPUS", "0") or 0))
+        master_ip = layout.master_addr
+        if layout.nnodes > 1:
+            master_ip = resolve(layout.master_addr, join_timeout(env))
+    except PlatformError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    assignments = {
+        "NNODES": layout.nnodes,
+        "NODE_RANK": layout.node_rank,
+        "NPROC_PER_NODE": layout.nproc,
+        "MASTER_ADDR": master_ip,
+        "MASTER_PORT": layout.master_port,
+        "OUTPUT_DIR": args.output_dir,
+        "found": describe(layout, master_ip, args.output_dir),
+    }
+    for name, value in assignments.items():
+        print(f"unset {name}" if value is None else f"{name}={shlex.quote(str(value))}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
