@@ -24,6 +24,7 @@ ROOT_FILES = {
     "pyproject.toml",
     ".pre-commit-config.yaml",
     ".gitignore",
+    "slurm/train.sbatch",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
 
@@ -69,14 +70,14 @@ def test_every_valid_answer_bakes_a_clean_project(bake, answers):
 
     assert project_files(project) == expected_files(answers)
     for path in project.rglob("*"):
-        if path.is_file() and path.suffix in {".py", ".sh", ".md", ".txt", ".toml", ".yaml"}:
+        if path.is_file() and path.suffix in {".py", ".sh", ".sbatch", ".md", ".txt", ".toml", ".yaml"}:
             text = path.read_text(encoding="utf-8")
             assert not any(mark in text for mark in JINJA_MARKS), f"unrendered Jinja in {path}"
         if path.suffix == ".py":
             py_compile.compile(str(path), doraise=True)
     lint = run(["ruff", "check", "--no-cache", "."], project)
     assert lint.returncode == 0, lint.stdout
-    shellcheck = run(["shellcheck", "run.sh"], project)
+    shellcheck = run(["shellcheck", "run.sh", "slurm/train.sbatch"], project)
     assert shellcheck.returncode == 0, shellcheck.stdout
 
 
