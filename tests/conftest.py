@@ -66,3 +66,13 @@ def bake(cookies):
         return Path(result.project_path)
 
     return _bake
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A real SLURM cluster of two nodes on this host (tests/slurm_cluster.py), for the whole session."""
+    if os.geteuid() != 0:
+        pytest.skip("the SLURM test cluster needs root: it installs packages, starts munged and edits /etc/hosts")
+    import slurm_cluster
+
+    yield from slurm_cluster.started()

@@ -36,6 +36,7 @@ ROOT_FILES = {
     ".pre-commit-config.yaml",
     ".gitignore",
     "k8s/train.yaml",
+    "slurm/train.sbatch",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
 
@@ -83,14 +84,14 @@ def test_every_valid_answer_bakes_a_clean_project(bake, answers):
 
     assert project_files(project) == expected_files(answers)
     for path in project.rglob("*"):
-        if path.is_file() and path.suffix in {".py", ".sh", ".md", ".txt", ".toml", ".yaml"}:
+        if path.is_file() and path.suffix in {".py", ".sh", ".sbatch", ".md", ".txt", ".toml", ".yaml"}:
             text = path.read_text(encoding="utf-8")
             assert not any(mark in text for mark in JINJA_MARKS), f"unrendered Jinja in {path}"
         if path.suffix == ".py":
             py_compile.compile(str(path), doraise=True)
     lint = run(["ruff", "check", "--no-cache", "."], project)
     assert lint.returncode == 0, lint.stdout
-    shellcheck = run(["shellcheck", "run.sh"], project)
+    shellcheck = run(["shellcheck", "run.sh", "slurm/train.sbatch"], project)
     assert shellcheck.returncode == 0, shellcheck.stdout
 
 
