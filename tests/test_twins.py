@@ -26,7 +26,9 @@ def public_interface(path: Path) -> dict[str, str]:
                         interface[f"{node.name}.{name}"] = signature(member)
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                for name in ast.walk(target):
+                # Names it defines (a, or a, b = ...); an attribute it sets elsewhere (module.hook = ...) defines none.
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                for name in names:
                     if isinstance(name, ast.Name) and not name.id.startswith("_"):
                         interface[name.id] = "a value"
     return interface
@@ -87,6 +89,11 @@ def test_twin_modules_expose_the_same_names_with_the_same_parameters(packages):
             if pytorch != paddle:
                 drift.append(f"{module}: {name}: pytorch {pytorch}, paddle {paddle}")
     assert drift == [], "the twins drifted apart:\n" + "\n".join(drift)
+
+
+def test_setting_another_modules_attribute_defines_no_name(tmp_path):
+    (tmp_path / "a.py").write_text("import threading\n\nthreading.excepthook = print\nLAST, BEST = 1, 2\n")
+    assert public_interface(tmp_path / "a.py") == {"LAST": "a value", "BEST": "a value"}
 
 
 def test_the_comparison_sees_a_drifted_parameter(tmp_path):

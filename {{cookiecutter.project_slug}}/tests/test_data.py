@@ -209,19 +209,19 @@ def folder_with_a_corrupt_image(root: Path) -> Path:
 
 LOAD_EVERY_BATCH = """
 import sys
-from {{ cookiecutter.project_slug }} import cli, data, settings
+from types import SimpleNamespace
+
+from {{ cookiecutter.project_slug }} import cli, data, loaders
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
 
-if settings.FRAMEWORK == "pytorch":
-    from torch.utils.data import DataLoader
-else:
-    from paddle.io import DataLoader
+ONE_PROCESS = SimpleNamespace(rank=0, local_rank=0, world_size=1, on_gpu=False, is_main=True)
 
 
 @explain_user_errors
 def load(args):
-    train, _, _ = data.build_datasets(args)
-    for _ in DataLoader(train, batch_size=3, num_workers=args.workers):
+    train, val, _ = data.build_datasets(args)
+    train_loader, _ = loaders.build_loaders(train, val, 3, args.workers, 0, ONE_PROCESS)
+    for _ in train_loader:
         pass
 
 
@@ -234,7 +234,7 @@ def test_a_corrupt_image_met_while_loading_ends_in_one_line_naming_it(project_ro
     broken = folder_with_a_corrupt_image(tmp_path / "data")
     command = [sys.executable, "-c", LOAD_EVERY_BATCH, "--data-dir", str(tmp_path / "data"), "--workers", workers]
 
-    # A subprocess, as run.py is: Paddle's loader ends the process on such an error (see data.py).
+    # A subprocess, as run.py is: Paddle's loader ends the process on such an error (see loaders.py).
     result = subprocess.run(command, cwd=project_root, capture_output=True, text=True, timeout=120)
 
     assert result.returncode == 1, result.stderr[-3000:]

@@ -9,18 +9,12 @@ Each set also says how its images were made, for checkpoints and predict.py:
 `std` (images are (pixel/255 - mean) / std). Set them on your own sets too.
 """
 
-import multiprocessing
-import os
-import sys
-import threading
-import traceback
 from pathlib import Path
 
 import numpy as np
 import paddle
 from paddle.io import Dataset, TensorDataset
 
-from .errors import UserError
 from .images import MEAN, STD, VAL_FRACTION, image_splits, load_image, synthetic_images
 
 IMAGE_SIZE = 16  # the default side images are resized to (--image-size): the sample digits are 8x8
@@ -76,32 +70,3 @@ def build_datasets(args) -> tuple[Dataset, Dataset, int]:
     train = ImageDataset(splits.train, splits.classes, size, channels)
     val = ImageDataset(splits.val, splits.classes, size, channels)
     return train, val, len(splits.classes)
-
-
-def _exit_when_a_loader_thread_fails(failure, previous=threading.excepthook) -> None:
-    """An error raised while reading a batch (a corrupt image) ends the process, with one line for a UserError.
-
-    Paddle's DataLoader reads batches in a thread of the training process. With
-    --workers 0 an error there ends only that thread, and training then waits for its
-    batch forever; with workers, the loop gets a SystemError ("blocking queue is
-    killed") in place of the error. Ending the process here (and its loader workers)
-    gives the `error:` line explain_user_errors() would; the launcher then stops the
-    other ranks.
-    """
-    frames = traceback.walk_tb(failure.exc_traceback)
-    from_loader = any("paddle/io/dataloader" in frame.f_code.co_filename.replace("\\", "/") for frame, _ in frames)
-    if not from_loader or issubclass(failure.exc_type, SystemExit):
-        previous(failure)
-        return
-    if issubclass(failure.exc_type, UserError):
-        sys.stderr.write(f"error: {failure.exc_value}\n")
-    else:
-        previous(failure)  # the traceback, as Python prints it
-    for worker in multiprocessing.active_children():  # the loader's workers would outlive this process
-        worker.terminate()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
-
-
-threading.excepthook = _exit_when_a_loader_thread_fails

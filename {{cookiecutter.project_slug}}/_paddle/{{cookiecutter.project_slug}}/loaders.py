@@ -1,10 +1,16 @@
 """The data loaders: each rank its shard of the data, --batch-size samples per batch."""
 
 import itertools
+import multiprocessing
+import os
+import sys
+import threading
+import traceback
 
 from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
 
 from .distributed import DistEnv
+from .errors import UserError
 
 
 class ShardSampler(Sampler):
@@ -62,3 +68,32 @@ def build_loaders(
 def train_sampler(loader: DataLoader) -> ResumableSampler:
     """The training loader's ResumableSampler (a sampler of batches here, of samples in PyTorch)."""
     return loader.batch_sampler
+
+
+def _exit_when_a_loader_thread_fails(failure, previous=threading.excepthook) -> None:
+    """An error raised while reading a batch (a corrupt image) ends the process, with one line for a UserError.
+
+    Paddle's DataLoader reads batches in a thread of the training process. With
+    --workers 0 an error there ends only that thread, and training then waits for its
+    batch forever; with workers, the loop gets a SystemError ("blocking queue is
+    killed") in place of the error. Ending the process here (and its loader workers)
+    gives the `error:` line explain_user_errors() would; the launcher then stops the
+    other ranks.
+    """
+    frames = traceback.walk_tb(failure.exc_traceback)
+    from_loader = any("paddle/io/dataloader" in frame.f_code.co_filename.replace("\\", "/") for frame, _ in frames)
+    if not from_loader or issubclass(failure.exc_type, SystemExit):
+        previous(failure)
+        return
+    if issubclass(failure.exc_type, UserError):
+        sys.stderr.write(f"error: {failure.exc_value}\n")
+    else:
+        previous(failure)  # the traceback, as Python prints it
+    for worker in multiprocessing.active_children():  # the loader's workers would outlive this process
+        worker.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+threading.excepthook = _exit_when_a_loader_thread_fails
