@@ -7,7 +7,7 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 import time
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, loaders, logs, platforms, preemption
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, images, loaders, logs, platforms, preemption
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -30,7 +30,9 @@ def train(args) -> None:
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        model = distributed.wrap_model(build_model(num_classes), env, args.find_unused_parameters)
+        # build_model() gets the data's channels (--channels) if it takes them.
+        network = build_model(num_classes, **images.model_options(build_model, vars(train_set)))
+        model = distributed.wrap_model(network, env, args.find_unused_parameters)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(model, args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)

@@ -8,7 +8,7 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, loaders, logs, platforms, preemption
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, images, loaders, logs, platforms, preemption
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -31,7 +31,8 @@ def train(args) -> None:
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        network = build_model(num_classes)
+        # build_model() gets the data's channels (--channels) if it takes them.
+        network = build_model(num_classes, **images.model_options(build_model, vars(train_set)))
         model = fit.paddle_model(network)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, args.lr)

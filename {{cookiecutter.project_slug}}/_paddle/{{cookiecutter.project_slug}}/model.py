@@ -14,10 +14,10 @@ from paddle import nn
 _TORCH_INIT = nn.initializer.KaimingUniform(negative_slope=math.sqrt(5), nonlinearity="leaky_relu")
 
 
-def build_model(num_classes: int) -> nn.Layer:
-    """A small CNN for 3-channel images of any size."""
+def build_model(num_classes: int, channels: int = 3) -> nn.Layer:
+    """A small CNN for images of any size; `channels` comes from the data (--channels) when you keep the parameter."""
     return nn.Sequential(
-        nn.Conv2D(3, 32, kernel_size=3, padding=1, weight_attr=_TORCH_INIT),
+        nn.Conv2D(channels, 32, kernel_size=3, padding=1, weight_attr=_TORCH_INIT),
         nn.ReLU(),
         nn.MaxPool2D(2),
         nn.Conv2D(32, 64, kernel_size=3, padding=1, weight_attr=_TORCH_INIT),

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 
-def build_model(num_classes: int) -> nn.Module:
-    """A small CNN for 3-channel images of any size."""
+def build_model(num_classes: int, channels: int = 3) -> nn.Module:
+    """A small CNN for images of any size; `channels` comes from the data (--channels) when you keep the parameter."""
     return nn.Sequential(
-        nn.Conv2d(3, 32, kernel_size=3, padding=1),
+        nn.Conv2d(channels, 32, kernel_size=3, padding=1),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Conv2d(32, 64, kernel_size=3, padding=1),
