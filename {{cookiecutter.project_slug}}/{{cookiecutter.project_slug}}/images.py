@@ -108,7 +108,6 @@ def image_splits(
         if val_classes != classes:
             raise UserError(f"{root}/train and {root}/val hold different class folders: they must match")
         return Splits(train, val, classes)
-    log.info("no %s: holding out %g of each class of train/ for validation (seed %d)", root / "val", val_fraction, seed)
     return held_out(train, classes, val_fraction, seed)
 
 
@@ -213,6 +212,7 @@ def split_by_class(labels: list[int], fraction: float, seed: int) -> tuple[list[
 
 def held_out(samples: list[Sample], classes: list[str], fraction: float, seed: int) -> Splits:
     train_indices, val_indices = split_by_class([label for _, label in samples], fraction, seed)
+    log.info("no val/ split: %d of %d images held out (--val-fraction %g)", len(val_indices), len(samples), fraction)
     if not val_indices:
         raise UserError(
             f"no validation images to hold out: {len(samples)} images in {len(classes)} classes, and a class needs "
