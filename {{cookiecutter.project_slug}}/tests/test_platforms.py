@@ -206,7 +206,9 @@ def test_data_url_is_a_folder_of_data_or_a_folder_holding_the_archive(tmp_path):
 
     (tmp_path / "zipped").mkdir()
     (tmp_path / "zipped" / "pets.zip").write_bytes(b"")
-    args = cli.parse_args(["--data_url", str(tmp_path / "zipped"), "--train_url", str(tmp_path / "out")])
+    args = cli.parse_args(
+        ["--data_url", str(tmp_path / "zipped"), "--train_url", str(tmp_path / "out"), "--no-synthetic"]
+    )
     assert (args.dataset_zip, args.data_dir) == (
         str(tmp_path / "zipped" / "pets.zip"),
         str(tmp_path / "zipped" / "pets"),
@@ -231,7 +233,7 @@ def test_an_archive_in_a_folder_that_cannot_be_written_is_extracted_elsewhere_wi
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("PADDLE_LOCAL_RANK", raising=False)
 
-    args = cli.parse_args(["--dataset-zip", str(read_only / "pets.zip")])
+    args = cli.parse_args(["--dataset-zip", str(read_only / "pets.zip"), "--no-synthetic"])
 
     assert Path(args.data_dir) == platforms.PROJECT_ROOT / "data" / "pets"
     assert (
@@ -247,7 +249,7 @@ def test_a_relative_dataset_path_is_found_in_the_ai_studio_workspace(tmp_path, m
     monkeypatch.setenv("PADDLEJOB_WORKSPACE", str(tmp_path))
     monkeypatch.chdir(platforms.PROJECT_ROOT)
 
-    args = cli.parse_args(["--dataset-zip", "train_data/datasets/123/pets.zip"])
+    args = cli.parse_args(["--dataset-zip", "train_data/datasets/123/pets.zip", "--no-synthetic"])
 
     assert args.dataset_zip == str(archive)
 
