@@ -232,7 +232,8 @@ load(cli.parse_args(sys.argv[1:]))
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_corrupt_image_met_while_loading_ends_in_one_line_naming_it(project_root, tmp_path, workers):
     broken = folder_with_a_corrupt_image(tmp_path / "data")
-    command = [sys.executable, "-c", LOAD_EVERY_BATCH, "--data-dir", str(tmp_path / "data"), "--workers", workers]
+    command = [sys.executable, "-c", LOAD_EVERY_BATCH, "--no-synthetic", "--data-dir", str(tmp_path / "data")]
+    command += ["--workers", workers]
 
     # A subprocess, as run.py is: Paddle's loader ends the process on such an error (see loaders.py).
     result = subprocess.run(command, cwd=project_root, capture_output=True, text=True, timeout=120)
@@ -248,7 +249,8 @@ def test_a_corrupt_image_met_while_loading_ends_in_one_line_naming_it(project_ro
 def test_a_training_run_that_meets_a_corrupt_image_stops_with_one_error_line(project_root, tmp_path, workers):
     broken = folder_with_a_corrupt_image(tmp_path / "data")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    command = [sys.executable, "run.py", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")]
+    command = [sys.executable, "run.py", "--no-synthetic", "--data-dir", str(tmp_path / "data")]
+    command += ["--output-dir", str(tmp_path / "out")]
     command += ["--epochs", "1", "--device", "cpu", "--workers", workers, "--batch-size", "2"]
 
     result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=300)
