@@ -300,7 +300,7 @@ class _Ranks:
             for ready in wait(list(running) + list(self.readers)):
                 if ready in self.readers:
                     self.read_report(ready)
-                else:
+                elif ready in running:  # (not a reader drain() has just read)
                     rank = running.pop(ready)
                     self.processes[rank].join()
                     self.drain(rank)
