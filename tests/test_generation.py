@@ -5,11 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
-SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state", "platforms"}
-FRAMEWORK_PACKAGE = {"__init__", "distributed", "checkpoint", "data", "model", "engine", "loaders"}
+SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state", "platforms", "notebook"}
+FRAMEWORK_PACKAGE = {"__init__", "distributed", "checkpoint", "data", "model", "engine", "loaders", "tracking", "inference"}
 SHARED_TESTS = {
     "conftest.py",
     "test_archive.py",
@@ -21,10 +22,11 @@ SHARED_TESTS = {
     "test_run.py",
     "test_sampler.py",
     "test_platforms.py",
+    "test_notebook.py",
 }
 FRAMEWORK_TESTS = {
-    "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
-    "paddle": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py"},
+    "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "test_tracking.py"},
+    "paddle": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "test_tracking.py"},
 }
 ROOT_FILES = {
     "README.md",
@@ -32,6 +34,8 @@ ROOT_FILES = {
     "run.py",
     "requirements.txt",
     "requirements-dev.txt",
+    "requirements-notebook.txt",
+    "notebook.ipynb",
     "pyproject.toml",
     ".pre-commit-config.yaml",
     ".gitignore",
@@ -84,11 +88,12 @@ def test_every_valid_answer_bakes_a_clean_project(bake, answers):
 
     assert project_files(project) == expected_files(answers)
     for path in project.rglob("*"):
-        if path.is_file() and path.suffix in {".py", ".sh", ".sbatch", ".md", ".txt", ".toml", ".yaml"}:
+        if path.is_file() and path.suffix in {".py", ".sh", ".sbatch", ".md", ".txt", ".toml", ".yaml", ".ipynb"}:
             text = path.read_text(encoding="utf-8")
             assert not any(mark in text for mark in JINJA_MARKS), f"unrendered Jinja in {path}"
         if path.suffix == ".py":
             py_compile.compile(str(path), doraise=True)
+    nbformat.validate(nbformat.read(project / "notebook.ipynb", as_version=4))
     lint = run(["ruff", "check", "--no-cache", "."], project)
     assert lint.returncode == 0, lint.stdout
     shellcheck = run(["shellcheck", "run.sh", "slurm/train.sbatch"], project)
@@ -148,3 +153,4 @@ def test_names_with_spaces_quotes_or_chinese_bake_a_valid_slug(bake, name, slug)
     assert project.name == slug
     assert read_settings(project, slug)["FRAMEWORK"] == "pytorch"
     assert name in (project / "README.md").read_text(encoding="utf-8").splitlines()[0]
+    nbformat.validate(nbformat.read(project / "notebook.ipynb", as_version=4))

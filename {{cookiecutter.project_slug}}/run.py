@@ -7,7 +7,7 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 import time
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, images, loaders, logs, platforms, preemption
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, images, loaders, logs, platforms, preemption, tracking
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -48,6 +48,13 @@ def train(args) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
+        # The curves go on from the checkpoint: what a killed run recorded past it is dropped.
+        tracker = tracking.Tracker(
+            output_dir, env, args.tracking, start_epoch=state.epochs_done,
+            start_step=tracking.optimizer_step(
+                state.epochs_done + 1, state.progress.step, len(train_loader), args.grad_accum
+            ),
+        )  # fmt: skip
         if state.epochs_done >= args.epochs:
             log.info(
                 "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
@@ -57,16 +64,18 @@ def train(args) -> None:
                 started = time.perf_counter()
                 train_stats = engine.train_one_epoch(
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
-                    grad_accum=args.grad_accum, log_every=args.log_every,
+                    grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker,
                 )  # fmt: skip
                 scheduler.step()
                 val_stats = engine.evaluate(model, val_loader, env, use_amp)
-                metrics.report(epoch, train_stats, val_stats, started)
+                tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
                 checkpoints.end_epoch(epoch, val_stats["acc"])
                 stop.after_epoch(env, epoch, args.epochs)
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
             preemption.leave(stopped, checkpoints.last_path)
+        finally:
+            tracker.close()
         log.info("done: best val_acc %.4f; checkpoint: %s", state.best_acc, checkpoints.last_path.resolve())
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()

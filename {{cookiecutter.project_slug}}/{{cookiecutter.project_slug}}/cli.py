@@ -5,13 +5,14 @@ import os
 from pathlib import Path
 
 from . import platforms
-from .settings import DATASET
+from .settings import DATASET, FRAMEWORK
 
 # Defaults are anchored to the project folder, so `python /path/to/run.py` works from anywhere.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / "digits"
 SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / "digits.zip"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
+TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 
 
 def positive_int(text: str) -> int:
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
     parser.add_argument("--workers", type=non_negative_int, default=0, help="data-loading worker processes per rank")
     parser.add_argument("--log-every", type=positive_int, default=50, help="steps between loss log lines")
+    parser.add_argument(
+        "--tracking",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"rank 0 writes the loss and the epoch metrics for {TRACKER} under OUTPUT_DIR/{TRACKER.lower()}/",
+    )
     parser.add_argument(
         "--dist-timeout",
         type=float,

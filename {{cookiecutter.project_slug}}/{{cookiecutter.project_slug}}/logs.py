@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in a notebook, text at a terminal
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
 
@@ -31,8 +31,16 @@ def setup_logging(output_dir: str | Path, rank: int) -> logging.Logger:
 
 
 def progress_bar(iterable, is_main: bool, desc: str):
-    """A progress bar on rank 0 at a terminal; job logs get the periodic log lines instead."""
-    return tqdm(iterable, desc=desc, leave=False, disable=not (is_main and sys.stderr.isatty()))
+    """A progress bar on rank 0 at a terminal or in a notebook's kernel; job logs get the periodic log lines instead."""
+    return tqdm(iterable, desc=desc, leave=False, disable=not (is_main and (sys.stderr.isatty() or _in_kernel())))
+
+
+def _in_kernel() -> bool:
+    if "IPython" not in sys.modules:  # a job: no need to import notebook.py
+        return False
+    from .notebook import in_kernel
+
+    return in_kernel()
 
 
 def log_job(env, batch_size: int, grad_accum: int, train_samples: int, val_samples: int) -> int:

@@ -1,10 +1,10 @@
 """What paddle.Model.fit needs around it: the model, the loss it minimises, and an epoch callback.
 
 fit() runs the training steps. EpochEnd, a fit callback, does per epoch what the basic
-loop (engine.train_one_epoch) does: it reshuffles the data, logs the loss, sums the loss
-and samples over all ranks and hands them to the caller's end-of-epoch function
-(validation, metrics, checkpoints); after each optimizer step it asks whether a SIGTERM
-stops the run, and then raises preemption.Stopped, as the basic loop does.
+loop (engine.train_one_epoch) does: it reshuffles the data, logs the loss (to the tracker
+too), sums the loss and samples over all ranks and hands them to the caller's end-of-epoch
+function (validation, metrics, checkpoints); after each optimizer step it asks whether a
+SIGTERM stops the run, and then raises preemption.Stopped, as the basic loop does.
 """
 
 import logging
@@ -20,6 +20,7 @@ from . import distributed, loaders
 from .distributed import DistEnv
 from .preemption import Stopped, StopRequest
 from .state import EpochProgress, TrainingState
+from .tracking import Tracker, optimizer_step
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,12 @@ class EpochEnd(paddle.callbacks.Callback):
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
-        grad_accum: int = 1, log_every: int = 50,
+        grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
     ):  # fmt: skip
         super().__init__()
         self.loader, self.env, self.stop, self.end_epoch = loader, env, stop, end_epoch
         self.first_epoch, self.progress = state.epochs_done, replace(state.progress)
-        self.grad_accum, self.log_every = grad_accum, log_every
+        self.grad_accum, self.log_every, self.tracker = grad_accum, log_every, tracker
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self.epoch = self.first_epoch + epoch + 1
@@ -88,6 +89,8 @@ class EpochEnd(paddle.callbacks.Callback):
         if progress.step % self.log_every == 0 and self.env.is_main:
             mean_loss = progress.loss_sum / progress.seen
             log.info("epoch %d step %d/%d loss %.4f", self.epoch, progress.step, self.steps, mean_loss)
+            if self.tracker is not None:
+                self.tracker.loss(optimizer_step(self.epoch, progress.step, self.steps, self.grad_accum), mean_loss)
         # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
         if progress.step % self.grad_accum == 0 and progress.step < self.steps and self.stop.stop_now(self.env):
             raise Stopped(self.epoch, progress)

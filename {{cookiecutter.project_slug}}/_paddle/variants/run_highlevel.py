@@ -8,7 +8,7 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, images, loaders, logs, platforms, preemption
+from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, images, loaders, logs, platforms, preemption, tracking
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -48,28 +48,39 @@ def train(args) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
+        # The curves go on from the checkpoint: what a killed run recorded past it is dropped.
+        tracker = tracking.Tracker(
+            output_dir, env, args.tracking, start_epoch=state.epochs_done,
+            start_step=tracking.optimizer_step(
+                state.epochs_done + 1, state.progress.step, len(train_loader), args.grad_accum
+            ),
+        )  # fmt: skip
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
             val_stats = engine.evaluate(network, val_loader, env, use_amp)
-            metrics.report(epoch, train_stats, val_stats, started)
+            tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
             checkpoints.end_epoch(epoch, val_stats["acc"])
             stop.after_epoch(env, epoch, args.epochs)
 
-        if state.epochs_done >= args.epochs:
-            log.info(
-                "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
-            )
-        else:
-            epoch_end = fit.EpochEnd(train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every)
-            try:
+        try:
+            if state.epochs_done >= args.epochs:
+                log.info(
+                    "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
+                )
+            else:
+                epoch_end = fit.EpochEnd(
+                    train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker
+                )
                 model.fit(
                     train_loader, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
                     accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_per_epoch(), epoch_end],
                 )  # fmt: skip
-            except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
-                checkpoints.save_stopped(stopped)
-                preemption.leave(stopped, checkpoints.last_path)
+        except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
+            checkpoints.save_stopped(stopped)
+            preemption.leave(stopped, checkpoints.last_path)
+        finally:
+            tracker.close()
         log.info("done: best val_acc %.4f; checkpoint: %s", state.best_acc, checkpoints.last_path.resolve())
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()

@@ -194,3 +194,33 @@ def _spawned(worker, args) -> None:
     # When one worker fails, spawn stops the others with SIGTERM: no C++ crash report from paddle for that.
     paddle.disable_signal_handler()
     worker(args)
+
+
+def rank_environment(rank: int, local_rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The variables paddle's launch sets for one rank of a one-machine job: notebook.launch() gives them to each rank.
+
+    The rendezvous store listens on master_port; the trainer endpoints are named after the ports above it
+    (the gloo and NCCL groups meet through the store, not at those ports).
+    """
+    endpoints = [f"{master_addr}:{master_port + 1 + index}" for index in range(world_size)]
+    variables = {
+        "PADDLE_TRAINER_ID": str(rank),
+        "PADDLE_TRAINERS_NUM": str(world_size),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+        "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+        "PADDLE_MASTER": f"{master_addr}:{master_port}",
+        "PADDLE_LOCAL_RANK": str(local_rank),
+        "PADDLE_RANK_IN_NODE": str(local_rank),
+        "PADDLE_LOCAL_SIZE": str(world_size),
+        "PADDLE_GLOBAL_RANK": str(rank),
+        "PADDLE_GLOBAL_SIZE": str(world_size),
+        "PADDLE_NNODES": "1",
+        # paddle reads these before PADDLE_MASTER: stale ones from the environment must not win.
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }
+    if paddle.device.is_compiled_with_cuda():
+        variables["FLAGS_selected_gpus"] = str(local_rank)
+    if not gpu_available():
+        variables["PADDLE_DISTRI_BACKEND"] = "gloo"  # without it, init_parallel_env() makes no global group on CPU
+    return variables

@@ -184,3 +184,15 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def rank_environment(rank: int, local_rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The variables torchrun sets for one rank of a one-machine job: notebook.launch() gives them to each rank."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }

@@ -19,18 +19,20 @@ from .distributed import DistEnv
 from .logs import progress_bar
 from .preemption import Stopped, StopRequest
 from .state import EpochProgress
+from .tracking import Tracker, optimizer_step
 
 log = logging.getLogger(__name__)
 
 
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
-    stop: StopRequest, grad_accum: int = 1, log_every: int = 50,
+    stop: StopRequest, grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate.
 
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
     `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
+    Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker`.
     """
     model.train()
     sampler = loaders.train_sampler(loader)
@@ -58,7 +60,10 @@ def train_one_epoch(
         loss_sum += loss.detach() * len(labels)
         seen += len(labels)
         if step % log_every == 0 and env.is_main:
-            log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, loss_sum.item() / seen)
+            mean_loss = loss_sum.item() / seen
+            log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, mean_loss)
+            if tracker is not None:
+                tracker.loss(optimizer_step(epoch, step, steps, grad_accum), mean_loss)
         # The last step needs no check: the vote after the epoch's save covers it.
         if steps_now and step < steps and stop.stop_now(env):
             raise Stopped(epoch, EpochProgress(step, loss_sum.item(), seen))

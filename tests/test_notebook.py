@@ -1,0 +1,87 @@
+"""Slow tier: the baked notebook run headless with a real kernel; launch() training in every other variant."""
+
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import run
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow
+
+BEST = {"pytorch": "best.pt", "paddle": "best.pdparams"}
+NOTEBOOK_CASES = [{"framework": "pytorch", "launcher": "spawn"}, {"framework": "paddle", "launcher": "launch"}]
+# launch() does not go through the launcher, but the launcher and API change how ranks join (fleet.init
+# under fleetrun, paddle.Model under highlevel). The default pytorch and paddle projects run their whole
+# suite in test_training.py, the cases above run the notebook: these are the rest.
+OTHER_CASES = [
+    {"framework": "pytorch", "launcher": "launch"},
+    {"framework": "paddle", "launcher": "spawn", "paddle_api": "basic"},
+    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "basic"},
+    {"framework": "paddle", "launcher": "launch", "paddle_api": "highlevel"},
+    {"framework": "paddle", "launcher": "spawn", "paddle_api": "highlevel"},
+    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "highlevel"},
+]
+
+
+def outputs(cell) -> list[dict]:
+    return cell.get("outputs", [])
+
+
+def text_of(cell) -> str:
+    return "".join(output.get("text", "") for output in outputs(cell) if output["output_type"] == "stream")
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize("answers", NOTEBOOK_CASES, ids=lambda a: "-".join(a.values()))
+def test_the_notebook_runs_headless_trains_twice_plots_and_predicts(bake, answers):
+    project = bake(**answers)
+    notebook = nbformat.read(project / "notebook.ipynb", as_version=4)
+
+    # As Jupyter starts it: ipykernel forwards what the ranks write to file descriptors 1 and 2 to the cell,
+    # except under pytest (it checks PYTEST_CURRENT_TEST).
+    kernel_env = {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(project)}}
+    ).execute(env=kernel_env)
+
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    errors = [output for cell in cells for output in outputs(cell) if output["output_type"] == "error"]
+    assert not errors, errors
+    [run_folder] = (project / "output" / "notebook").iterdir()
+    # One process in the kernel: its log lines in its cell.
+    [in_kernel] = [cell for cell in cells if "train_here" in cell.source]
+    assert "1 process(es)" in text_of(in_kernel) and "epoch 1/1" in text_of(in_kernel)
+    [record] = read_metrics(run_folder / "debug")
+    assert record["world_size"] == 1
+    # Two processes started from the kernel: rank 0's log lines in the cell, rank 1's in its file.
+    [launched] = [cell for cell in cells if "notebook.launch(" in cell.source]
+    assert "2 process(es)" in text_of(launched) and "epoch 3/3" in text_of(launched)
+    two = run_folder / "two-processes"
+    metrics = read_metrics(two)
+    assert [m["epoch"] for m in metrics] == [1, 2, 3] and {m["world_size"] for m in metrics} == {2}
+    assert (two / "checkpoints" / BEST[answers["framework"]]).is_file()
+    assert [p.name for p in (two / "logs").iterdir()] == ["rank1.log"]
+    # The metrics plot, and the predictions shown as pictures.
+    pictures = [cell for cell in cells if any("image/png" in o.get("data", {}) for o in outputs(cell))]
+    assert len(pictures) == 2
+    assert "inference.predict(" in pictures[1].source
+
+
+@pytest.mark.parametrize("answers", OTHER_CASES, ids=lambda a: "-".join(a.values()))
+def test_launch_trains_run_py_on_two_ranks_in_every_other_variant(bake, answers):
+    project = bake(**answers)
+
+    result = run(
+        ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_notebook.py", "-k", "run_py_training"],
+        project,
+        timeout=600,
+    )
+
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "2 passed" in result.stdout

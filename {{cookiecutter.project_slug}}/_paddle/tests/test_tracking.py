@@ -1,0 +1,183 @@
+"""VisualDL records: rank 0 only, one value per epoch, resumed runs continue the same curves."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from visualdl import LogReader
+
+from {{ cookiecutter.project_slug }} import notebook, tracking
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
+from {{ cookiecutter.project_slug }}.errors import UserError
+
+RECORDS = "vdlrecords.run.log"  # the one file VisualDL reads in visualdl/
+RANK_0 = DistEnv(0, 0, 2, "cpu")
+RANK_1 = DistEnv(1, 1, 2, "cpu")
+
+
+def record(epoch: int, val_acc: float) -> dict:
+    return {"epoch": epoch, "train_loss": 1.0 / epoch, "val_loss": 1.5 / epoch, "val_acc": val_acc, "world_size": 2}
+
+
+def records_file(output_dir):
+    return output_dir / "visualdl" / RECORDS
+
+
+def scalars(output_dir, tag: str) -> list[tuple[int, float]]:
+    reader = LogReader(file_path=str(records_file(output_dir)))
+    return [(item.id, round(item.value, 6)) for item in reader.get_data("scalar", tag)]
+
+
+def test_rank_0_writes_the_loss_at_its_steps_and_each_epoch_metric_once(tmp_path):
+    tracker = tracking.Tracker(tmp_path, RANK_0)
+    tracker.loss(5, 2.0)
+    tracker.loss(10, 1.5)
+    tracker.epoch(1, record(1, 0.5))
+    size_after_one_epoch = records_file(tmp_path).stat().st_size  # on disk at each epoch's end
+    tracker.loss(15, 1.0)
+    tracker.epoch(2, record(2, 0.75))
+    assert records_file(tmp_path).stat().st_size > size_after_one_epoch > 0
+    tracker.close()
+
+    assert [path.name for path in (tmp_path / "visualdl").iterdir()] == [RECORDS]
+    assert scalars(tmp_path, "train/loss") == [(5, 2.0), (10, 1.5), (15, 1.0)]
+    assert scalars(tmp_path, "epoch/val_acc") == [(1, 0.5), (2, 0.75)]
+    assert scalars(tmp_path, "epoch/train_loss") == [(1, 1.0), (2, 0.5)]
+
+
+def test_other_ranks_and_no_tracking_write_nothing(tmp_path):
+    for tracker in (tracking.Tracker(tmp_path, RANK_1), tracking.Tracker(tmp_path, RANK_0, enabled=False)):
+        tracker.loss(1, 1.0)
+        tracker.epoch(1, record(1, 0.5))
+        tracker.close()
+
+    assert not (tmp_path / "visualdl").exists()
+
+
+def test_a_resumed_run_continues_the_curves_without_the_steps_trained_again(tmp_path):
+    killed = tracking.Tracker(tmp_path, RANK_0)
+    for step in range(1, 11):  # killed after step 10 of epoch 2; the checkpoint holds epoch 1 (steps 1-5)
+        killed.loss(step, 10.0 - step)
+        if step in (5, 10):
+            killed.epoch(step // 5, record(step // 5, 0.1 * step))
+    killed.close()
+    size_before = records_file(tmp_path).stat().st_size
+
+    resumed = tracking.Tracker(tmp_path, RANK_0, start_step=5, start_epoch=1)
+    for step in range(6, 13):
+        resumed.loss(step, 100.0 + step)
+    resumed.epoch(2, record(2, 0.9))
+    resumed.close()
+
+    assert [path.name for path in (tmp_path / "visualdl").iterdir()] == [RECORDS]  # the same file, grown
+    assert records_file(tmp_path).stat().st_size > size_before
+    assert scalars(tmp_path, "train/loss") == [(s, 10.0 - s) for s in range(1, 6)] + [
+        (s, 100.0 + s) for s in range(6, 13)
+    ]
+    assert scalars(tmp_path, "epoch/val_acc") == [(1, 0.5), (2, 0.9)]
+
+
+def test_a_record_torn_by_a_crash_is_dropped_on_resume(tmp_path):
+    tracker = tracking.Tracker(tmp_path, RANK_0)
+    tracker.loss(1, 1.0)
+    tracker.epoch(1, record(1, 0.5))
+    tracker.close()
+    with open(records_file(tmp_path), "ab") as records:
+        records.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half a record")
+
+    resumed = tracking.Tracker(tmp_path, RANK_0, start_step=1, start_epoch=1)
+    resumed.loss(2, 0.5)
+    resumed.close()
+
+    assert scalars(tmp_path, "train/loss") == [(1, 1.0), (2, 0.5)]
+
+
+def test_a_missing_visualdl_package_is_one_error_naming_it_and_no_tracking(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "visualdl", None)  # as if it were not installed
+
+    with pytest.raises(UserError) as missing:
+        tracking.Tracker(tmp_path, RANK_0)
+
+    assert "visualdl" in str(missing.value) and "--no-tracking" in str(missing.value)
+    tracking.Tracker(tmp_path, RANK_1)  # other ranks never need it
+    tracking.Tracker(tmp_path, RANK_0, enabled=False)
+
+
+def test_the_writer_is_imported_on_rank_0_at_its_first_record_only(tmp_path, project_root):
+    code = """
+import sys
+from {{ cookiecutter.project_slug }} import tracking
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
+other = tracking.Tracker(sys.argv[1], DistEnv(1, 1, 2, "cpu"))
+other.loss(1, 1.0)
+main = tracking.Tracker(sys.argv[1], DistEnv(0, 0, 2, "cpu"))
+print("visualdl" in sys.modules)
+main.loss(1, 1.0)
+print("visualdl" in sys.modules)
+main.close()
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=project_root, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize(
+    "epoch, batch, batches, grad_accum, step",
+    [(1, 0, 45, 1, 0), (1, 45, 45, 1, 45), (2, 10, 45, 1, 55), (1, 45, 45, 2, 23), (2, 4, 45, 2, 25)],
+)
+def test_optimizer_steps_count_on_across_epochs(epoch, batch, batches, grad_accum, step):
+    assert tracking.optimizer_step(epoch, batch, batches, grad_accum) == step
+
+
+CELL = """
+from {{ cookiecutter.project_slug }} import distributed, tracking
+
+
+def track(args):
+    env = distributed.setup("cpu", 60)
+    try:
+        tracker = tracking.Tracker(args.output_dir, env)
+        tracker.loss(1, float(env.rank))
+        tracker.epoch(1, {"epoch": 1, "val_acc": float(env.rank)})
+        tracker.close()
+        distributed.barrier()  # leave together, as run.py does: rank 0 hosts what the others still talk to
+    finally:
+        distributed.cleanup()
+"""
+
+
+@pytest.mark.slow
+def test_of_two_ranks_only_rank_0_writes(tmp_path):
+    namespace = {"__name__": "__main__"}
+    exec(compile(CELL, "<notebook cell>", "exec"), namespace)
+
+    notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=namespace["track"])
+
+    assert scalars(tmp_path, "train/loss") == [(1, 0.0)]
+    assert scalars(tmp_path, "epoch/val_acc") == [(1, 0.0)]
+
+
+def train(project_root, output_dir, *args: str) -> list[dict]:
+    """`python run.py --synthetic ARGS` in one process; the metrics.jsonl records."""
+    command = [sys.executable, "run.py", "--synthetic", "--device", "cpu", "--output-dir", str(output_dir), *args]
+    subprocess.run(command, cwd=project_root, capture_output=True, check=True, timeout=300)
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_training_records_each_epoch_once_and_a_resumed_run_continues_the_loss_curve(project_root, tmp_path):
+    train(project_root, tmp_path, "--epochs", "2", "--log-every", "5")
+    metrics = train(project_root, tmp_path, "--epochs", "3", "--log-every", "5")  # resumes after epoch 2
+
+    assert scalars(tmp_path, "epoch/val_acc") == [(m["epoch"], round(m["val_acc"], 6)) for m in metrics]
+    steps = [step for step, _ in scalars(tmp_path, "train/loss")]
+    assert steps == sorted(set(steps)) and len(steps) >= 3  # on from where the checkpoint was, none twice
+
+
+@pytest.mark.slow
+def test_no_tracking_trains_without_writing_curves(project_root, tmp_path):
+    train(project_root, tmp_path, "--epochs", "1", "--no-tracking")
+
+    assert not (tmp_path / "visualdl").exists()

@@ -1,0 +1,65 @@
+"""Predictions from a trained checkpoint, in one process: what the notebook shows, and predict.py builds on.
+
+    model = load_for_inference(checkpoint_path("output", "best"))
+    labels = predict(model, images)   # images: float32 (N, 3, H, W), as images.load_image() makes them
+"""
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import BEST, LAST
+from .errors import UserError
+from .model import build_model
+
+
+def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
+    """The best (highest validation accuracy) or last checkpoint a run wrote into `output_dir`."""
+    return Path(output_dir) / "checkpoints" / {"best": BEST, "last": LAST}[which]
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """--device's choices: auto (a GPU where there is one), cpu, gpu."""
+    if device == "gpu" and not torch.cuda.is_available():
+        raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
+    return torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> torch.nn.Module:
+    """build_model() with the checkpoint's weights, in eval mode, on the device.
+
+    num_classes: the network's outputs; by default the size of the last tensor of the saved weights
+    (the classifier's bias in most networks). A last.pt or best.pt run.py wrote, or a bare state dict.
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
+    target = pick_device(device)
+    try:
+        state = torch.load(checkpoint, map_location=target, weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
+    weights = state.get("model", state) if isinstance(state, dict) else None
+    if not isinstance(weights, dict) or not weights:
+        raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
+    model = build_model(num_classes or len(list(weights.values())[-1]))
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
+        raise UserError(f"checkpoint {checkpoint} does not match build_model() ({detail})") from None
+    return model.to(target).eval()
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
+    """The predicted class index of each image (an int64 array): float32 (N, 3, H, W), numpy or tensors."""
+    device = next(model.parameters()).device
+    labels = []
+    for start in range(0, len(images), batch_size):
+        batch = torch.as_tensor(np.asarray(images[start : start + batch_size], dtype=np.float32), device=device)
+        labels.append(model(batch).argmax(dim=1).cpu().numpy())
+    return np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)

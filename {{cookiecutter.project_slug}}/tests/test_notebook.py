@@ -1,0 +1,282 @@
+"""notebook.launch() and notebook.train_here(): training started from a running interpreter, as from a Jupyter kernel.
+
+A "notebook function" here is source exec'd in a namespace named __main__, as a cell's
+function is: no module holds it, so a spawned process could not unpickle it.
+"""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from {{ cookiecutter.project_slug }} import cli, inference, notebook, settings
+from {{ cookiecutter.project_slug }}.data import build_datasets
+from {{ cookiecutter.project_slug }}.errors import UserError
+
+pytestmark = pytest.mark.slow
+
+CELL = """
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from {{ cookiecutter.project_slug }} import distributed
+
+
+def report_rank(args):
+    env = distributed.setup("cpu", 60)
+    try:
+        total = distributed.all_reduce_sum([1.0], env)
+        line = f"{env.rank} {env.world_size} {total[0]:g} {os.getpid()}"
+        Path(args.output_dir, f"rank{env.rank}.txt").write_text(line)
+    finally:
+        distributed.cleanup()
+
+
+def fail_on_rank_1(args):
+    if distributed.read_ranks()[0] == 1:
+        raise ValueError("rank 1 cannot go on")
+    time.sleep(120)  # rank 0 would wait long: launch() must stop it
+
+
+def exit_stopped(args):
+    sys.exit(143)
+
+
+def wait_for_the_stop(args):
+    rank = distributed.read_ranks()[0]
+    folder = Path(args.output_dir)
+
+    def save_and_leave(signum, frame):
+        (folder / f"saved{rank}").write_text("")
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, save_and_leave)
+    (folder / f"pid{rank}").write_text(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+def notebook_function(name: str):
+    namespace = {"__name__": "__main__"}
+    exec(compile(CELL, "<notebook cell>", "exec"), namespace)
+    return namespace[name]
+
+
+def children() -> set[int]:
+    """This process's child processes (Linux)."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return {int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory) -> list[str]:
+    """Arguments that read the project's data from a folder of this module's own (extracted there once)."""
+    if settings.DATASET != "zip":
+        return []
+    data_dir = tmp_path_factory.mktemp("data") / "digits"
+    return ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(data_dir)]
+
+
+def training_args(output_dir: Path, data_args: list[str], epochs: int = 1) -> list[str]:
+    return ["--epochs", str(epochs), "--output-dir", str(output_dir), "--device", "cpu", *data_args]
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_function_defined_in_a_notebook_runs_on_two_ranks_that_know_their_rank(tmp_path):
+    report_rank = notebook_function("report_rank")
+    assert not notebook.importable(report_rank)  # as a cell's function: spawn could not start it
+    before = children()
+
+    notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=report_rank)
+
+    lines = [(tmp_path / f"rank{rank}.txt").read_text().split() for rank in (0, 1)]
+    assert [line[:3] for line in lines] == [["0", "2", "2"], ["1", "2", "2"]]
+    assert len({line[3] for line in lines} | {str(os.getpid())}) == 3  # two processes, neither this one
+    assert children() == before
+
+
+def test_launch_can_be_called_again_in_the_same_process(tmp_path):
+    report_rank = notebook_function("report_rank")
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+        notebook.launch(["--output-dir", str(tmp_path / run)], nproc=2, train=report_rank)
+    assert sorted(p.name for p in (tmp_path / "second").iterdir()) == ["rank0.txt", "rank1.txt"]
+
+
+def test_a_failing_rank_raises_one_exception_with_its_error_and_the_others_are_stopped(tmp_path):
+    before = children()
+    started = time.monotonic()
+
+    with pytest.raises(notebook.RankFailed) as failure:
+        notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=notebook_function("fail_on_rank_1"))
+
+    assert str(failure.value) == "ValueError: rank 1 cannot go on"
+    assert failure.value.rank == 1
+    assert "fail_on_rank_1" in str(failure.value.__cause__)  # the failing rank's traceback, and only its
+    assert time.monotonic() - started < 30  # rank 0 did not sleep its 120 s
+    assert children() == before
+
+
+def test_a_user_error_in_the_ranks_comes_back_as_its_one_line(tmp_path):
+    missing = tmp_path / "missing"
+
+    with pytest.raises(notebook.RankFailed) as failure:
+        notebook.launch(["--no-synthetic", "--data-dir", str(missing), "--output-dir", str(tmp_path)], nproc=2)
+
+    assert str(failure.value).startswith(f"data folder {missing / 'train'} not found")
+    assert "\n" not in str(failure.value)
+    assert failure.value.__cause__ is None
+
+
+def test_a_rank_that_stops_with_status_143_is_reported_as_stopped(tmp_path):
+    with pytest.raises(notebook.RankFailed, match="stopped by SIGTERM"):
+        notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=notebook_function("exit_stopped"))
+
+
+def test_bad_arguments_are_a_user_error_before_any_process_starts():
+    before = children()
+    with pytest.raises(UserError, match="argument --epochs: must be at least 1, got 0"):
+        notebook.launch(["--epochs", "0"], nproc=2)
+    assert children() == before
+
+
+def test_a_notebook_function_is_refused_in_one_line_where_fork_cannot_work(monkeypatch, tmp_path):
+    monkeypatch.setattr(notebook, "fork_blocker", lambda: "CUDA is initialised in this kernel")
+
+    with pytest.raises(UserError) as refusal:
+        notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=notebook_function("report_rank"))
+
+    message = str(refusal.value)
+    assert "\n" not in message
+    assert "CUDA is initialised in this kernel" in message
+    assert "Move report_rank() into a .py file" in message
+
+
+def test_run_py_training_starts_with_spawn_where_fork_cannot_work(monkeypatch, tmp_path, data_args):
+    monkeypatch.setattr(notebook, "fork_blocker", lambda: "CUDA is initialised in this kernel")
+
+    notebook.launch(training_args(tmp_path, data_args), nproc=2)
+
+    [record] = read_metrics(tmp_path)
+    assert record["world_size"] == 2
+
+
+def test_run_py_training_on_two_ranks_writes_what_run_sh_would_and_shows_rank_0s_log(tmp_path, data_args, capfd):
+    before = children()
+
+    notebook.launch(training_args(tmp_path, data_args), nproc=2)
+
+    [record] = read_metrics(tmp_path)
+    assert record["world_size"] == 2
+    assert record["val_samples"] == len(build_datasets(cli.parse_args(data_args))[1])
+    out = capfd.readouterr().out
+    assert "2 process(es)" in out and "epoch 1/1" in out  # rank 0's log lines, on this process's output
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["rank1.log"]
+    assert children() == before
+
+
+@pytest.fixture(scope="module")
+def trained_here(tmp_path_factory, data_args) -> dict:
+    """One train_here() run of 2 epochs, and this process's state around it."""
+    output_dir = tmp_path_factory.mktemp("here") / "output"
+    handler, before = signal.getsignal(signal.SIGTERM), children()
+    notebook.train_here(training_args(output_dir, data_args, epochs=2))
+    return {
+        "output_dir": output_dir,
+        "sigterm_handler_kept": signal.getsignal(signal.SIGTERM) is handler,
+        "children_kept": children() == before,
+        "log_handlers": list(logging.getLogger(notebook.__package__).handlers),
+    }
+
+
+def test_train_here_trains_in_this_process_and_leaves_it_as_it_was(trained_here):
+    metrics = read_metrics(trained_here["output_dir"])
+    assert [record["world_size"] for record in metrics] == [1, 1]
+    assert trained_here["sigterm_handler_kept"]
+    assert trained_here["log_handlers"] == []  # train.log is closed
+    assert trained_here["children_kept"]
+
+
+def test_train_here_raises_a_user_error_instead_of_exiting(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        notebook.train_here(["--no-synthetic", "--data-dir", str(tmp_path / "missing"), "--output-dir", str(tmp_path)])
+
+
+def test_the_best_checkpoint_predicts_a_class_for_each_validation_image(trained_here, data_args):
+    _, val_set, num_classes = build_datasets(cli.parse_args(data_args))
+    images = np.stack([np.asarray(val_set[i][0], dtype=np.float32) for i in range(20)])
+    truth = np.array([int(val_set[i][1]) for i in range(20)])
+
+    model = inference.load_for_inference(inference.checkpoint_path(trained_here["output_dir"], "best"), device="cpu")
+    predicted = inference.predict(model, images)
+
+    assert predicted.shape == (20,) and predicted.dtype == np.int64
+    assert ((0 <= predicted) & (predicted < num_classes)).all()
+    assert (predicted == truth).mean() > 0.3  # trained: far better than a tenth
+
+
+def test_a_missing_checkpoint_is_one_line_naming_it(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        inference.load_for_inference(tmp_path / "best.pt")
+
+
+def test_each_notebook_run_gets_a_fresh_output_folder(tmp_path):
+    first, second = notebook.fresh_output_dir(tmp_path), notebook.fresh_output_dir(tmp_path)
+    assert first != second
+    assert first.is_dir() and second.is_dir() and not any(second.iterdir())
+
+
+STOP_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from {{ cookiecutter.project_slug }} import notebook
+namespace = {"__name__": "__main__"}
+exec(compile(sys.argv[3], "<notebook cell>", "exec"), namespace)
+try:
+    notebook.launch(["--output-dir", sys.argv[1]], nproc=2, train=namespace["wait_for_the_stop"])
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_the_stop_button_stops_every_rank_with_sigterm_and_leaves_no_process(tmp_path, project_root):
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", STOP_SCRIPT, str(tmp_path), str(project_root), CELL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pid_files = [tmp_path / "pid0", tmp_path / "pid1"]
+    deadline = time.monotonic() + 60
+    while not all(path.exists() and path.read_text() for path in pid_files):
+        assert kernel.poll() is None and time.monotonic() < deadline, kernel.communicate()
+        time.sleep(0.1)
+    ranks = [int(path.read_text()) for path in pid_files]
+
+    kernel.send_signal(signal.SIGINT)  # what Jupyter's stop button sends the kernel
+    out, err = kernel.communicate(timeout=60)
+
+    assert "interrupted" in out, err
+    assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists()  # each rank had its SIGTERM
+    assert not any(alive(pid) for pid in ranks)
