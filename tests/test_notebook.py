@@ -57,6 +57,8 @@ def test_the_notebook_runs_headless_trains_twice_plots_and_predicts(bake, answer
     # One process in the kernel: its log lines in its cell.
     [in_kernel] = [cell for cell in cells if "train_here" in cell.source]
     assert "1 process(es)" in text_of(in_kernel) and "epoch 1/1" in text_of(in_kernel)
+    widgets = [o for o in outputs(in_kernel) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widgets, "no progress bar widget in the in-kernel run's cell"
     [record] = read_metrics(run_folder / "debug")
     assert record["world_size"] == 1
     # Two processes started from the kernel: rank 0's log lines in the cell, rank 1's in its file.

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm  # a widget in a notebook, text at a terminal
+from tqdm import tqdm
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
 
@@ -31,8 +31,14 @@ def setup_logging(output_dir: str | Path, rank: int) -> logging.Logger:
 
 
 def progress_bar(iterable, is_main: bool, desc: str):
-    """A progress bar on rank 0 at a terminal or in a notebook's kernel; job logs get the periodic log lines instead."""
-    return tqdm(iterable, desc=desc, leave=False, disable=not (is_main and (sys.stderr.isatty() or _in_kernel())))
+    """A progress bar on rank 0 at a terminal, a widget in a notebook's kernel; job logs get the loss lines instead."""
+    if is_main and _in_kernel():
+        # tqdm.notebook rather than tqdm.auto: tqdm.auto's bar starts an iterator of its own (a second pass of a
+        # DataLoader, one more shuffle of the sampler).
+        from tqdm.notebook import tqdm as widget_bar
+
+        return widget_bar(iterable, desc=desc, leave=False)
+    return tqdm(iterable, desc=desc, leave=False, disable=not (is_main and sys.stderr.isatty()))
 
 
 def _in_kernel() -> bool:
