@@ -66,6 +66,8 @@ def launch(argv: list[str] | str, nproc: int = 2, train=None) -> None:
 
     `train` defaults to run.py's training. Raises RankFailed with the first failing rank's
     error (UserError for bad arguments); on KeyboardInterrupt every rank is stopped first.
+    A `train` of your own that joins the process group ends as run.py's does: distributed.barrier(),
+    then distributed.cleanup(), so that no rank leaves while another still talks to it.
     """
     args = parse(argv)
     if not isinstance(nproc, int) or nproc < 1:
