@@ -40,6 +40,21 @@ def valid_answers(framework: str) -> list[dict]:
     return [answers for answers in combos if pre_gen.find_problem({"project_slug": "dist_train", **answers}) is None]
 
 
+# One set of answers per way of starting training: each launcher, and for Paddle each API under each.
+LAUNCH_CASES = [{"framework": "pytorch", "launcher": launcher} for launcher in LAUNCHERS["pytorch"]] + [
+    {"framework": "paddle", "launcher": launcher, "paddle_api": api}
+    for launcher in LAUNCHERS["paddle"]
+    for api in QUESTIONS["paddle_api"]
+]
+# The project a new user of each framework bakes first: the recommended launcher, the basic API.
+RECOMMENDED_CASES = [
+    answers
+    for answers in LAUNCH_CASES
+    if answers["launcher"] == pre_gen.RECOMMENDED[answers["framework"]]
+    and answers.get("paddle_api", "basic") == "basic"
+]
+
+
 def answers_id(answers: dict) -> str:
     return "-".join(str(value) for value in answers.values())
 

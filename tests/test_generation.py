@@ -9,8 +9,29 @@ import nbformat
 import pytest
 from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
 
-SHARED_PACKAGE = {"settings", "cli", "errors", "logs", "archive", "images", "preemption", "state", "platforms", "notebook"}
-FRAMEWORK_PACKAGE = {"__init__", "distributed", "checkpoint", "data", "model", "engine", "loaders", "tracking", "inference"}
+SHARED_PACKAGE = {
+    "settings",
+    "cli",
+    "errors",
+    "logs",
+    "archive",
+    "images",
+    "preemption",
+    "state",
+    "platforms",
+    "notebook",
+}
+FRAMEWORK_PACKAGE = {
+    "__init__",
+    "distributed",
+    "checkpoint",
+    "data",
+    "model",
+    "engine",
+    "loaders",
+    "tracking",
+    "inference",
+}
 SHARED_TESTS = {
     "conftest.py",
     "test_archive.py",
@@ -23,10 +44,18 @@ SHARED_TESTS = {
     "test_sampler.py",
     "test_platforms.py",
     "test_notebook.py",
+    "test_tracking.py",
 }
 FRAMEWORK_TESTS = {
-    "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "test_tracking.py"},
-    "paddle": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "test_tracking.py"},
+    "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},
+    "paddle": {
+        "test_evaluate.py",
+        "test_checkpoint.py",
+        "test_parity.py",
+        "test_launch.py",
+        "curves.py",
+        "test_visualdl_records.py",
+    },
 }
 ROOT_FILES = {
     "README.md",

@@ -6,24 +6,20 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import run
+from conftest import LAUNCH_CASES, RECOMMENDED_CASES, run
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow
 
 BEST = {"pytorch": "best.pt", "paddle": "best.pdparams"}
-NOTEBOOK_CASES = [{"framework": "pytorch", "launcher": "spawn"}, {"framework": "paddle", "launcher": "launch"}]
-# launch() does not go through the launcher, but the launcher and API change how ranks join (fleet.init
-# under fleetrun, paddle.Model under highlevel). The default pytorch and paddle projects run their whole
-# suite in test_training.py, the cases above run the notebook: these are the rest.
-OTHER_CASES = [
-    {"framework": "pytorch", "launcher": "launch"},
-    {"framework": "paddle", "launcher": "spawn", "paddle_api": "basic"},
-    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "basic"},
-    {"framework": "paddle", "launcher": "launch", "paddle_api": "highlevel"},
-    {"framework": "paddle", "launcher": "spawn", "paddle_api": "highlevel"},
-    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "highlevel"},
+NOTEBOOK_CASES = [
+    {"framework": "pytorch", "launcher": "spawn"},
+    {"framework": "paddle", "launcher": "launch", "paddle_api": "basic"},
 ]
+# launch() does not go through the launcher, but the launcher and API change how ranks join (fleet.init
+# under fleetrun, paddle.Model under highlevel). The recommended projects run their whole suite in
+# test_training.py, the cases above run the notebook: these are the rest.
+OTHER_CASES = [answers for answers in LAUNCH_CASES if answers not in RECOMMENDED_CASES + NOTEBOOK_CASES]
 
 
 def outputs(cell) -> list[dict]:

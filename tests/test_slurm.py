@@ -13,25 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import tool_env
+from conftest import LAUNCH_CASES, RECOMMENDED_CASES, tool_env
 
 pytestmark = pytest.mark.slow
 
 SBATCH = "slurm/train.sbatch"
 TRAIN_SIZE, VAL_SIZE = 1437, 360  # the sample digits archive
 ARGS = ["--epochs", "2", "--log-every", "1"]
-LAUNCH_CASES = [
-    {"framework": "pytorch", "launcher": "torchrun"},
-    {"framework": "pytorch", "launcher": "launch"},
-    {"framework": "pytorch", "launcher": "spawn"},
-    {"framework": "paddle", "launcher": "launch", "paddle_api": "basic"},
-    {"framework": "paddle", "launcher": "launch", "paddle_api": "highlevel"},
-    {"framework": "paddle", "launcher": "spawn", "paddle_api": "basic"},
-    {"framework": "paddle", "launcher": "spawn", "paddle_api": "highlevel"},
-    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "basic"},
-    {"framework": "paddle", "launcher": "fleetrun", "paddle_api": "highlevel"},
-]
-CANCEL_CASES = [LAUNCH_CASES[0], LAUNCH_CASES[3]]  # one launcher per framework
 TIME_LIMIT_EPOCHS = 9  # 23 steps of 0.6 s each: 124 s of training at least, more than a first run before its warning
 SLOW_STEPS = """
 
@@ -133,7 +121,7 @@ def jobs(cluster, cookies_session) -> dict:
         return project
 
     submitted: dict = {}
-    canceller = ThreadPoolExecutor(max_workers=len(CANCEL_CASES))
+    canceller = ThreadPoolExecutor(max_workers=len(RECOMMENDED_CASES))
     # Two machines with one process each; --time=3 as a user would write it, the warning offset from the file.
     submitted["time limit"] = Job(
         bake(0.6, framework="pytorch", launcher="torchrun", nodes="multi"),
@@ -141,7 +129,7 @@ def jobs(cluster, cookies_session) -> dict:
         ("--epochs", str(TIME_LIMIT_EPOCHS), "--log-every", "5"),
         nproc=1,
     ).submit(cluster)
-    for answers in CANCEL_CASES:
+    for answers in RECOMMENDED_CASES:
         job = Job(bake(0.2, nodes="multi", **answers), ("--nodes=2",), tuple(ARGS), nproc=2).submit(cluster)
         # Each job is cancelled as soon as it is part-way through, whichever test runs meanwhile.
         submitted["cancel", case_id(answers)] = job, canceller.submit(cancel_then_submit_again, cluster, job)
@@ -153,7 +141,7 @@ def jobs(cluster, cookies_session) -> dict:
     canceller.shutdown(wait=False, cancel_futures=True)
 
 
-@pytest.mark.parametrize("answers", CANCEL_CASES, ids=case_id)
+@pytest.mark.parametrize("answers", RECOMMENDED_CASES, ids=case_id)
 def test_scancel_saves_and_sbatch_again_ends_with_the_metrics_of_an_uninterrupted_job(cluster, jobs, answers):
     job, cancelling = jobs["cancel", case_id(answers)]
 

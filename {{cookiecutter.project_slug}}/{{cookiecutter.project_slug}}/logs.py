@@ -1,5 +1,6 @@
 """Logging and metrics: rank 0 to the console and train.log, other ranks to their own files."""
 
+import importlib.util
 import json
 import logging
 import sys
@@ -7,6 +8,8 @@ import time
 from pathlib import Path
 
 from tqdm import tqdm
+
+from .errors import UserError
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
 
@@ -113,3 +116,54 @@ def epoch_of(line: str) -> int | None:
         return json.loads(line)["epoch"]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def optimizer_step(epoch: int, batch: int, batches_per_epoch: int, grad_accum: int) -> int:
+    """Optimizer steps taken since the run began, once `batch` batches of `epoch` (1-based) are done."""
+    per_epoch = -(-batches_per_epoch // grad_accum)  # the last, shorter accumulation steps too
+    return (epoch - 1) * per_epoch + -(-batch // grad_accum)
+
+
+class TrackerBase:
+    """Rank 0's curves (tracking.Tracker: TensorBoard or VisualDL); a no-op on other ranks and with --no-tracking.
+
+    start_step and start_epoch say where the run resumes (optimizer steps and epochs already
+    done, 0 for a fresh run): anything recorded beyond them earlier is dropped. The framework's
+    Tracker names its PACKAGE and FOLDER, and opens the writer of "steps" or "epochs" in _writer().
+    """
+
+    PACKAGE = FOLDER = ""
+
+    def __init__(self, output_dir: str | Path, env, enabled: bool = True, start_step: int = 0, start_epoch: int = 0):
+        self.active = enabled and env.is_main
+        self.directory = Path(output_dir) / self.FOLDER
+        self.start = {"steps": start_step, "epochs": start_epoch}
+        self.writers: dict = {}
+        if self.active and importlib.util.find_spec(self.PACKAGE) is None:
+            raise UserError(
+                f"tracking needs the {self.PACKAGE} package: pip install {self.PACKAGE}, or pass --no-tracking"
+            )
+
+    def loss(self, step: int, value: float) -> None:
+        """The training loss at optimizer step `step` (see optimizer_step())."""
+        if self.active:
+            self._writer("steps").add_scalar("train/loss", float(value), step)
+
+    def epoch(self, epoch: int, record: dict) -> None:
+        """A metrics.jsonl record: each number in it at step = epoch; then everything is on disk."""
+        if not self.active:
+            return
+        writer = self._writer("epochs")
+        for key, value in record.items():
+            if key != "epoch" and isinstance(value, int | float) and not isinstance(value, bool):
+                writer.add_scalar(f"epoch/{key}", float(value), epoch)
+        for writer in self.writers.values():
+            writer.flush()
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
+
+    def _writer(self, run: str):
+        raise NotImplementedError

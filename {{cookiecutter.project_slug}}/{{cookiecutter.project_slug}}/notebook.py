@@ -342,7 +342,10 @@ class _Ranks:
         alive = [process for process in self.processes if process.is_alive()]
         if not alive:
             return
-        print(f"stopping {len(alive)} rank(s): they save a checkpoint first (press stop again to kill them)", file=sys.stderr)
+        print(
+            f"stopping {len(alive)} rank(s): they save a checkpoint first (press stop again to kill them)",
+            file=sys.stderr,
+        )
         try:
             self.signal_all(signal.SIGTERM, alive)
             self.join_all(alive, STOP_GRACE_S)

@@ -18,9 +18,10 @@ from paddle.io import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
+from .logs import optimizer_step
 from .preemption import Stopped, StopRequest
 from .state import EpochProgress, TrainingState
-from .tracking import Tracker, optimizer_step
+from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ def train(args) -> None:
         # The curves go on from the checkpoint: what a killed run recorded past it is dropped.
         tracker = tracking.Tracker(
             output_dir, env, args.tracking, start_epoch=state.epochs_done,
-            start_step=tracking.optimizer_step(
+            start_step=logs.optimizer_step(
                 state.epochs_done + 1, state.progress.step, len(train_loader), args.grad_accum
             ),
         )  # fmt: skip

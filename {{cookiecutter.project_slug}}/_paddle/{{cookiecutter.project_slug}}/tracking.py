@@ -11,72 +11,34 @@ pays nothing for it before then, other ranks never.
 """
 
 import contextlib
-import importlib.util
 import io
 import os
 import struct
 from pathlib import Path
 
-from .errors import UserError
+from .logs import TrackerBase
 
-PACKAGE = "visualdl"
-FOLDER = "visualdl"
 _RECORDS = "vdlrecords.run.log"  # VisualDL reads files whose names hold "vdlrecords"
 FLUSH_SECS = 10  # someone watching sees the loss within this long
 _STEP_TAGS = ("train/",)  # tags counted in optimizer steps; the others in epochs
 
 
-def optimizer_step(epoch: int, batch: int, batches_per_epoch: int, grad_accum: int) -> int:
-    """Optimizer steps taken since the run began, once `batch` batches of `epoch` (1-based) are done."""
-    per_epoch = -(-batches_per_epoch // grad_accum)  # the last, shorter accumulation steps too
-    return (epoch - 1) * per_epoch + -(-batch // grad_accum)
+class Tracker(TrackerBase):
+    PACKAGE = FOLDER = "visualdl"
 
-
-class Tracker:
-    """Rank 0's curves; a no-op on other ranks and with enabled=False (--no-tracking).
-
-    start_step and start_epoch say where the run resumes (optimizer steps and epochs already
-    done, 0 for a fresh run): anything recorded beyond them earlier is dropped.
-    """
-
-    def __init__(self, output_dir: str | Path, env, enabled: bool = True, start_step: int = 0, start_epoch: int = 0):
-        self.active = enabled and env.is_main
-        self.directory = Path(output_dir) / FOLDER
-        self.start_step, self.start_epoch = start_step, start_epoch
-        self.writer = None
-        if self.active and importlib.util.find_spec(PACKAGE) is None:
-            raise UserError(f"tracking needs the {PACKAGE} package: pip install {PACKAGE}, or pass --no-tracking")
-
-    def loss(self, step: int, value: float) -> None:
-        """The training loss at optimizer step `step` (see optimizer_step())."""
-        if self.active:
-            self._writer().add_scalar("train/loss", float(value), step)
-
-    def epoch(self, epoch: int, record: dict) -> None:
-        """A metrics.jsonl record: each number in it at step = epoch; then everything is on disk."""
-        if not self.active:
-            return
-        writer = self._writer()
-        for key, value in record.items():
-            if key != "epoch" and isinstance(value, int | float) and not isinstance(value, bool):
-                writer.add_scalar(f"epoch/{key}", float(value), epoch)
-        writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-    def _writer(self):
-        if self.writer is None:
+    def _writer(self, run: str):
+        """One writer for steps and epochs alike: VisualDL shows one records file per folder."""
+        if not self.writers:
             from visualdl import LogWriter
 
             path = self.directory / _RECORDS
             if path.exists():
-                _drop_records_after(path, self.start_step, self.start_epoch)
+                _drop_records_after(path, self.start["steps"], self.start["epochs"])
             with contextlib.redirect_stdout(io.StringIO()):  # "... VisualDL will add logs to it."
-                self.writer = LogWriter(logdir=str(self.directory), file_name=_RECORDS, flush_secs=FLUSH_SECS)
-        return self.writer
+                self.writers["records"] = LogWriter(
+                    logdir=str(self.directory), file_name=_RECORDS, flush_secs=FLUSH_SECS
+                )
+        return self.writers["records"]
 
 
 def _drop_records_after(path: Path, last_step: int, last_epoch: int) -> None:

@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
-from .logs import progress_bar
+from .logs import optimizer_step, progress_bar
 from .preemption import Stopped, StopRequest
 from .state import EpochProgress
-from .tracking import Tracker, optimizer_step
+from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 

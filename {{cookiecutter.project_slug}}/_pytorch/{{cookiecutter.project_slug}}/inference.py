@@ -1,7 +1,7 @@
 """Predictions from a trained checkpoint, in one process: what the notebook shows, and predict.py builds on.
 
-    model = load_for_inference(checkpoint_path("output", "best"))
-    labels = predict(model, images)   # images: float32 (N, 3, H, W), as images.load_image() makes them
+`model = load_for_inference(checkpoint_path("output", "best"))`, then `labels = predict(model, images)`:
+images are float32 (N, C, H, W), as images.load_image() makes them.
 """
 
 import pickle

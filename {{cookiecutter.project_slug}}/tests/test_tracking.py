@@ -1,29 +1,25 @@
-"""TensorBoard records: rank 0 only, one value per epoch, resumed runs continue the same curves."""
+"""Curves for TensorBoard or VisualDL: rank 0 only, one value per epoch, resumed runs continue the same curves.
+
+What each framework's writer left is read back with its own reader (curves.py beside this file).
+"""
 
 import json
 import subprocess
 import sys
 
 import pytest
-import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from curves import CPU, WRITER_MODULE, curve
 
-from {{ cookiecutter.project_slug }} import notebook, tracking
+from {{ cookiecutter.project_slug }} import logs, notebook, tracking
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
 
-RANK_0 = DistEnv(0, 0, 2, torch.device("cpu"))
-RANK_1 = DistEnv(1, 1, 2, torch.device("cpu"))
+RANK_0 = DistEnv(0, 0, 2, CPU)
+RANK_1 = DistEnv(1, 1, 2, CPU)
 
 
 def record(epoch: int, val_acc: float) -> dict:
     return {"epoch": epoch, "train_loss": 1.0 / epoch, "val_loss": 1.5 / epoch, "val_acc": val_acc, "world_size": 2}
-
-
-def scalars(output_dir, run: str, tag: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(output_dir / "tensorboard" / run))
-    events.Reload()
-    return [(event.step, round(event.value, 6)) for event in events.Scalars(tag)]
 
 
 def test_rank_0_writes_the_loss_at_its_steps_and_each_epoch_metric_once(tmp_path):
@@ -31,13 +27,14 @@ def test_rank_0_writes_the_loss_at_its_steps_and_each_epoch_metric_once(tmp_path
     tracker.loss(5, 2.0)
     tracker.loss(10, 1.5)
     tracker.epoch(1, record(1, 0.5))
+    assert curve(tmp_path, "epoch/val_acc") == [(1, 0.5)]  # on disk at each epoch's end
     tracker.loss(15, 1.0)
     tracker.epoch(2, record(2, 0.75))
     tracker.close()
 
-    assert scalars(tmp_path, "steps", "train/loss") == [(5, 2.0), (10, 1.5), (15, 1.0)]
-    assert scalars(tmp_path, "epochs", "epoch/val_acc") == [(1, 0.5), (2, 0.75)]
-    assert scalars(tmp_path, "epochs", "epoch/train_loss") == [(1, 1.0), (2, 0.5)]
+    assert curve(tmp_path, "train/loss") == [(5, 2.0), (10, 1.5), (15, 1.0)]
+    assert curve(tmp_path, "epoch/val_acc") == [(1, 0.5), (2, 0.75)]
+    assert curve(tmp_path, "epoch/train_loss") == [(1, 1.0), (2, 0.5)]
 
 
 def test_other_ranks_and_no_tracking_write_nothing(tmp_path):
@@ -46,7 +43,7 @@ def test_other_ranks_and_no_tracking_write_nothing(tmp_path):
         tracker.epoch(1, record(1, 0.5))
         tracker.close()
 
-    assert not (tmp_path / "tensorboard").exists()
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_resumed_run_continues_the_curves_without_the_steps_trained_again(tmp_path):
@@ -63,34 +60,33 @@ def test_a_resumed_run_continues_the_curves_without_the_steps_trained_again(tmp_
     resumed.epoch(2, record(2, 0.9))
     resumed.close()
 
-    assert scalars(tmp_path, "steps", "train/loss") == [(s, 10.0 - s) for s in range(1, 6)] + [
-        (s, 100.0 + s) for s in range(6, 13)
-    ]
-    assert scalars(tmp_path, "epochs", "epoch/val_acc") == [(1, 0.5), (2, 0.9)]
+    trained_before = [(step, 10.0 - step) for step in range(1, 6)]
+    assert curve(tmp_path, "train/loss") == trained_before + [(step, 100.0 + step) for step in range(6, 13)]
+    assert curve(tmp_path, "epoch/val_acc") == [(1, 0.5), (2, 0.9)]
 
 
-def test_a_missing_tensorboard_package_is_one_error_naming_it_and_no_tracking(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
+def test_a_missing_writer_package_is_one_error_naming_it_and_no_tracking(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, tracking.Tracker.PACKAGE, None)  # as if it were not installed
 
     with pytest.raises(UserError) as missing:
         tracking.Tracker(tmp_path, RANK_0)
 
-    assert "tensorboard" in str(missing.value) and "--no-tracking" in str(missing.value)
+    assert tracking.Tracker.PACKAGE in str(missing.value) and "--no-tracking" in str(missing.value)
     tracking.Tracker(tmp_path, RANK_1)  # other ranks never need it
     tracking.Tracker(tmp_path, RANK_0, enabled=False)
 
 
 def test_the_writer_is_imported_on_rank_0_at_its_first_record_only(tmp_path, project_root):
-    code = """
-import sys, torch
-from {{ cookiecutter.project_slug }} import tracking
-from {{ cookiecutter.project_slug }}.distributed import DistEnv
-other = tracking.Tracker(sys.argv[1], DistEnv(1, 1, 2, torch.device("cpu")))
+    code = f"""
+import dataclasses, sys
+from {{ cookiecutter.project_slug }} import distributed, tracking
+rank_0 = distributed.setup("cpu")  # one process, no launcher: rank 0 of 1
+other = tracking.Tracker(sys.argv[1], dataclasses.replace(rank_0, rank=1))
 other.loss(1, 1.0)
-main = tracking.Tracker(sys.argv[1], DistEnv(0, 0, 2, torch.device("cpu")))
-print("torch.utils.tensorboard" in sys.modules)
+main = tracking.Tracker(sys.argv[1], rank_0)
+print({WRITER_MODULE!r} in sys.modules)
 main.loss(1, 1.0)
-print("torch.utils.tensorboard" in sys.modules)
+print({WRITER_MODULE!r} in sys.modules)
 main.close()
 """
     result = subprocess.run(
@@ -104,7 +100,7 @@ main.close()
     [(1, 0, 45, 1, 0), (1, 45, 45, 1, 45), (2, 10, 45, 1, 55), (1, 45, 45, 2, 23), (2, 4, 45, 2, 25)],
 )
 def test_optimizer_steps_count_on_across_epochs(epoch, batch, batches, grad_accum, step):
-    assert tracking.optimizer_step(epoch, batch, batches, grad_accum) == step
+    assert logs.optimizer_step(epoch, batch, batches, grad_accum) == step
 
 
 CELL = """
@@ -131,9 +127,8 @@ def test_of_two_ranks_only_rank_0_writes(tmp_path):
 
     notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=namespace["track"])
 
-    assert scalars(tmp_path, "steps", "train/loss") == [(1, 0.0)]
-    assert scalars(tmp_path, "epochs", "epoch/val_acc") == [(1, 0.0)]
-    assert len(list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))) == 2  # one per run, both rank 0's
+    assert curve(tmp_path, "train/loss") == [(1, 0.0)]
+    assert curve(tmp_path, "epoch/val_acc") == [(1, 0.0)]
 
 
 def train(project_root, output_dir, *args: str) -> list[dict]:
@@ -148,8 +143,8 @@ def test_training_records_each_epoch_once_and_a_resumed_run_continues_the_loss_c
     train(project_root, tmp_path, "--epochs", "2", "--log-every", "5")
     metrics = train(project_root, tmp_path, "--epochs", "3", "--log-every", "5")  # resumes after epoch 2
 
-    assert scalars(tmp_path, "epochs", "epoch/val_acc") == [(m["epoch"], round(m["val_acc"], 6)) for m in metrics]
-    steps = [step for step, _ in scalars(tmp_path, "steps", "train/loss")]
+    assert curve(tmp_path, "epoch/val_acc") == [(m["epoch"], round(m["val_acc"], 6)) for m in metrics]
+    steps = [step for step, _ in curve(tmp_path, "train/loss")]
     assert steps == sorted(set(steps)) and len(steps) >= 3  # on from where the checkpoint was, none twice
 
 
@@ -157,4 +152,4 @@ def test_training_records_each_epoch_once_and_a_resumed_run_continues_the_loss_c
 def test_no_tracking_trains_without_writing_curves(project_root, tmp_path):
     train(project_root, tmp_path, "--epochs", "1", "--no-tracking")
 
-    assert not (tmp_path / "tensorboard").exists()
+    assert not (tmp_path / tracking.Tracker.FOLDER).exists()
