@@ -5,12 +5,13 @@ import signal
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import preemption
+from {{ cookiecutter.project_slug }} import errors, preemption
 from {{ cookiecutter.project_slug }}.state import EpochProgress
 
 
 class OneProcess:
     world_size = 1
+    is_main = True
 
 
 @pytest.fixture
@@ -38,6 +39,7 @@ def test_leaving_after_a_stop_exits_with_the_status_of_a_terminated_process(tmp_
 
 class TwoRanks:
     world_size = 2
+    is_main = True
 
 
 @pytest.fixture
@@ -75,3 +77,35 @@ def test_a_signal_stops_the_ranks_within_a_second(ten_millisecond_steps):
         ten_millisecond_steps["now"] += 0.01
 
     assert ten_millisecond_steps["now"] - signalled_at <= 1.01
+
+
+def test_a_loss_that_diverged_on_any_rank_stops_every_rank_at_the_next_vote(ten_millisecond_steps):
+    stop = preemption.StopRequest()
+    for step in range(1, 101):
+        ten_millisecond_steps["now"] += 0.01
+        stop.stop_now(TwoRanks(), loss_sum=2.5 * step, where=(2, step))
+    votes = len(ten_millisecond_steps["votes"])
+
+    with pytest.raises(preemption.Diverged) as diverged:
+        for step in range(101, 300):
+            ten_millisecond_steps["now"] += 0.01
+            stop.stop_now(TwoRanks(), loss_sum=float("nan"), where=(2, step))
+
+    assert len(ten_millisecond_steps["votes"]) == votes + 1  # the next vote, no collective more
+    assert "epoch 2" in str(diverged.value) and "--lr" in str(diverged.value)
+
+
+def test_a_diverged_loss_is_one_error_line_from_rank_0_and_status_1_on_every_rank(capsys):
+    def diverge(shown):
+        @errors.explain_user_errors
+        def train(args):
+            raise preemption.Diverged(3, 17, shown)
+
+        with pytest.raises(SystemExit) as ending:
+            train(None)
+        return ending.value.code
+
+    assert [diverge(shown=True), diverge(shown=False)] == [1, 1]
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: the training loss became NaN or infinite in epoch 3 by step 17")

@@ -9,7 +9,14 @@ STOPPED_STATUS = 143
 
 
 class UserError(Exception):
-    """Bad input or environment; the job stops with this message as one line."""
+    """Bad input or environment; the job stops with this message as one line.
+
+    shown=False: the other ranks of a job where every rank meets the same error end quietly, rank 0 says it.
+    """
+
+    def __init__(self, message: str, shown: bool = True):
+        super().__init__(message)
+        self.shown = shown
 
 
 def explain_user_errors(train):
@@ -20,9 +27,10 @@ def explain_user_errors(train):
         try:
             train(args)
         except UserError as error:
-            # One write per line: the ranks print at the same moment, and must not interleave.
-            sys.stderr.write(f"error: {error}\n")
-            sys.stderr.flush()
+            if error.shown:
+                # One write per line: the ranks print at the same moment, and must not interleave.
+                sys.stderr.write(f"error: {error}\n")
+                sys.stderr.flush()
             sys.exit(1)
 
     return train_or_explain

@@ -9,15 +9,19 @@ A vote stalls every rank for about a millisecond, a tenth of a small model's
 step on CPU; so the ranks vote about once a second, after every step only when
 steps take longer than that. A stop then comes at most a second, or one step,
 after the signal.
+
+The same vote carries whether a rank's training loss became NaN or infinite: then
+every rank raises Diverged together, and nothing more is saved.
 """
 
 import logging
+import math
 import signal
 import sys
 import time
 
 from . import distributed
-from .errors import STOPPED_STATUS
+from .errors import STOPPED_STATUS, UserError
 from .state import EpochProgress
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,17 @@ class Stopped(Exception):
         return f"epoch {self.epoch} step {self.progress.step}" if self.progress.step else f"epoch {self.epoch - 1}"
 
 
+class Diverged(UserError):
+    """The training loss became NaN or infinite: raised on every rank after the same step; rank 0 says it."""
+
+    def __init__(self, epoch: int, step: int, shown: bool):
+        super().__init__(
+            f"the training loss became NaN or infinite in epoch {epoch} by step {step}: training stopped before "
+            "saving it (earlier checkpoints are kept); try a lower --lr",
+            shown,
+        )
+
+
 class StopRequest:
     """Set by SIGTERM once on_sigterm() made it the handler; stop_now() asks, on every rank together."""
 
@@ -59,21 +74,26 @@ class StopRequest:
     def _set(self, signum, frame) -> None:
         self.signalled = True
 
-    def stop_now(self, env, vote_now: bool = False) -> bool:
+    def stop_now(self, env, vote_now: bool = False, loss_sum=0.0, where: tuple[int, int] = (0, 0)) -> bool:
         """Called on every rank after each optimizer step (and with vote_now at the end of an epoch).
 
-        True on all ranks, after the same step, once a vote found any of them signalled.
+        True on all ranks, after the same step, once a vote found any of them signalled. `loss_sum`,
+        the epoch's running sum of this rank's loss (a number, or a tensor read only when the ranks
+        vote: no wait at other steps), stays NaN or infinite once one loss was: then every rank raises
+        Diverged, naming `where`: (epoch, step).
         """
-        if env.world_size == 1:
-            return self.signalled
         if not vote_now:
             self.steps_to_vote -= 1
             if self.steps_to_vote > 0:
-                return False
+                return self.signalled and env.world_size == 1  # one process needs no vote to stop
         # Whole milliseconds sum exactly in any order: every rank gets the same totals, so all of them
         # work out the same number of steps to the next vote.
         elapsed_ms = round(1000 * (time.perf_counter() - self.last_vote))
-        signalled_ranks, total_ms = distributed.all_reduce_sum([float(self.signalled), elapsed_ms], env)
+        signalled_ranks, total_ms, diverged_ranks = distributed.all_reduce_sum(
+            [float(self.signalled), elapsed_ms, float(not math.isfinite(loss_sum))], env
+        )
+        if diverged_ranks:
+            raise Diverged(*where, shown=env.is_main)
         steps_done = self.steps_per_vote - self.steps_to_vote
         step_ms = total_ms / env.world_size / max(steps_done, 1)
         self.steps_per_vote = max(1, min(1000, int(1000 / VOTES_PER_SECOND // max(step_ms, 1))))

@@ -8,6 +8,7 @@ SIGTERM stops the run, and then raises preemption.Stopped, as the basic loop doe
 """
 
 import logging
+import math
 import time
 import warnings
 from dataclasses import replace
@@ -19,7 +20,7 @@ from paddle.io import DataLoader
 from . import distributed, loaders
 from .distributed import DistEnv
 from .logs import optimizer_step
-from .preemption import Stopped, StopRequest
+from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress, TrainingState
 from .tracking import Tracker
 
@@ -90,14 +91,17 @@ class EpochEnd(paddle.callbacks.Callback):
         if progress.step % self.log_every == 0 and self.env.is_main:
             mean_loss = progress.loss_sum / progress.seen
             log.info("epoch %d step %d/%d loss %.4f", self.epoch, progress.step, self.steps, mean_loss)
-            if self.tracker is not None:
+            if self.tracker is not None and math.isfinite(mean_loss):  # a diverged loss stops at the next vote
                 self.tracker.loss(optimizer_step(self.epoch, progress.step, self.steps, self.grad_accum), mean_loss)
         # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
-        if progress.step % self.grad_accum == 0 and progress.step < self.steps and self.stop.stop_now(self.env):
+        may_stop = progress.step % self.grad_accum == 0 and progress.step < self.steps
+        if may_stop and self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):
             raise Stopped(self.epoch, progress)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         total_loss, total_seen = distributed.all_reduce_sum([self.progress.loss_sum, self.progress.seen], self.env)
+        if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
+            raise Diverged(self.epoch, self.steps, shown=self.env.is_main)
         # The sampler repeats a few samples so every rank gets as many; they are not distinct.
         samples = int(total_seen) - loaders.train_sampler(self.loader).padding
         self.progress = EpochProgress()

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from . import distributed, loaders
 from .distributed import DistEnv
 from .logs import optimizer_step, progress_bar
-from .preemption import Stopped, StopRequest
+from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress
 from .tracking import Tracker
 
@@ -62,12 +62,14 @@ def train_one_epoch(
         if step % log_every == 0 and env.is_main:
             mean_loss = loss_sum.item() / seen
             log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, mean_loss)
-            if tracker is not None:
+            if tracker is not None and math.isfinite(mean_loss):  # a diverged loss stops at the next vote
                 tracker.loss(optimizer_step(epoch, step, steps, grad_accum), mean_loss)
         # The last step needs no check: the vote after the epoch's save covers it.
-        if steps_now and step < steps and stop.stop_now(env):
+        if steps_now and step < steps and stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step)):
             raise Stopped(epoch, EpochProgress(step, loss_sum.item(), seen))
     total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
+    if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
+        raise Diverged(epoch, steps, shown=env.is_main)
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
     return {"loss": total_loss / total_seen, "samples": int(total_seen) - sampler.padding, "lr": lr}
 
