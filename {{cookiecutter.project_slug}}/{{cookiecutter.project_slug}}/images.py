@@ -252,6 +252,19 @@ def synthetic_images(
     return patterns[labels] + 2.0 * noise, labels.astype(np.int64)
 
 
+def describe(dataset, classes: list[str], image_size: int, channels: int):
+    """Attach to a dataset what a checkpoint records about its images (see data.py's docstring); return it."""
+    dataset.classes, dataset.image_size, dataset.channels = list(classes), image_size, channels
+    dataset.mean, dataset.std = MEAN, STD
+    return dataset
+
+
+def option(args, name: str, default):
+    """A flag of run.py, or its default when args come from elsewhere (a notebook, a script) without it."""
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
 def data_description(train_set, num_classes: int) -> dict:
     """What a checkpoint must hold to read new images as training did: for predict.py.
 

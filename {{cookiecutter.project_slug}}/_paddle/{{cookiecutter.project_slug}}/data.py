@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 from paddle.io import Dataset, TensorDataset
 
-from .images import MEAN, STD, VAL_FRACTION, image_splits, load_image, synthetic_images
+from .images import VAL_FRACTION, describe, image_splits, load_image, option, synthetic_images
 
 IMAGE_SIZE = 16  # the default side images are resized to (--image-size): the sample digits are 8x8
 CHANNELS = 3  # the default --channels
@@ -37,19 +37,6 @@ class ImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         path, label = self.samples[index]
         return load_image(path, self.image_size, self.channels, self.mean, self.std), label
-
-
-def describe(dataset: Dataset, classes: list[str], image_size: int, channels: int) -> Dataset:
-    """Attach what a checkpoint records about the data (see the module's docstring)."""
-    dataset.classes, dataset.image_size, dataset.channels = list(classes), image_size, channels
-    dataset.mean, dataset.std = MEAN, STD
-    return dataset
-
-
-def option(args, name: str, default):
-    """A flag of run.py, or its default when args come from elsewhere (a notebook, a script) without it."""
-    value = getattr(args, name, None)
-    return default if value is None else value
 
 
 def build_datasets(args) -> tuple[Dataset, Dataset, int]:

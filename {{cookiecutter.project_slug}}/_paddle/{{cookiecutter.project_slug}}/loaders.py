@@ -58,6 +58,7 @@ def build_loaders(
     train_set: Dataset, val_set: Dataset, batch_size: int, workers: int, seed: int, env: DistEnv
 ) -> tuple[DataLoader, DataLoader]:
     """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch()."""
+    threading.excepthook = _exit_when_a_loader_thread_fails  # Paddle reads batches in a thread: see there
     common = dict(num_workers=workers, persistent_workers=workers > 0)
     train_loader = DataLoader(train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **common)
     val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=batch_size)
@@ -70,7 +71,7 @@ def train_sampler(loader: DataLoader) -> ResumableSampler:
     return loader.batch_sampler
 
 
-def _exit_when_a_loader_thread_fails(failure, previous=threading.excepthook) -> None:
+def _exit_when_a_loader_thread_fails(failure, previous=threading.__excepthook__) -> None:
     """An error raised while reading a batch (a corrupt image) ends the process, with one line for a UserError.
 
     Paddle's DataLoader reads batches in a thread of the training process. With
@@ -94,6 +95,3 @@ def _exit_when_a_loader_thread_fails(failure, previous=threading.excepthook) -> 
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
-
-
-threading.excepthook = _exit_when_a_loader_thread_fails

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from .images import MEAN, STD, VAL_FRACTION, image_splits, load_image, synthetic_images
+from .images import VAL_FRACTION, describe, image_splits, load_image, option, synthetic_images
 
 IMAGE_SIZE = 16  # the default side images are resized to (--image-size): the sample digits are 8x8
 CHANNELS = 3  # the default --channels
@@ -35,19 +35,6 @@ class ImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
         return torch.from_numpy(load_image(path, self.image_size, self.channels, self.mean, self.std)), label
-
-
-def describe(dataset: Dataset, classes: list[str], image_size: int, channels: int) -> Dataset:
-    """Attach what a checkpoint records about the data (see the module's docstring)."""
-    dataset.classes, dataset.image_size, dataset.channels = list(classes), image_size, channels
-    dataset.mean, dataset.std = MEAN, STD
-    return dataset
-
-
-def option(args, name: str, default):
-    """A flag of run.py, or its default when args come from elsewhere (a notebook, a script) without it."""
-    value = getattr(args, name, None)
-    return default if value is None else value
 
 
 def build_datasets(args) -> tuple[Dataset, Dataset, int]:
