@@ -31,7 +31,8 @@ def train(args) -> None:
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         # build_model() gets the data's channels (--channels) if it takes them.
-        network = build_model(num_classes, **images.model_options(build_model, vars(train_set)))
+        data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
+        network = build_model(num_classes, **images.model_options(build_model, data))
         model = distributed.wrap_model(network, env, args.find_unused_parameters)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(model, args.lr)
@@ -41,7 +42,7 @@ def train(args) -> None:
         scaler = engine.grad_scaler(use_amp)
 
         output_dir = Path(args.output_dir)
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler)
+        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
         state = checkpoints.resume(args.resume)
         global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
         metrics = logs.MetricsLog(

@@ -14,9 +14,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings
+from {{ cookiecutter.project_slug }} import cli, images, inference, settings
 
 pytestmark = pytest.mark.slow
 
@@ -191,6 +192,26 @@ def test_a_diverging_loss_stops_every_rank_with_one_error_line_and_keeps_the_las
     run(["bash", "run.sh", *training_args(output_dir, epochs=2)], project_root, nproc=2)
     assert [record["epoch"] for record in read_metrics(output_dir)] == [1, 2]
     assert math.isfinite(read_metrics(output_dir)[1]["train_loss"])
+
+
+def test_a_checkpoint_records_its_data_so_predicting_needs_nothing_else(project_root, tmp_path):
+    output_dir = tmp_path / "output"
+    args = ["--synthetic", "--channels", "1", "--image-size", "12", "--epochs", "1", "--device", "cpu"]
+    run([sys.executable, "run.py", *args, "--output-dir", str(output_dir)], project_root, nproc=1)
+    checkpoint = inference.checkpoint_path(output_dir, "best")
+
+    data = inference.checkpoint_data(checkpoint)
+    model = inference.load_for_inference(checkpoint, device="cpu")  # with 1 input channel, as trained
+
+    assert data == {
+        "classes": [str(label) for label in range(10)],
+        "image_size": 12,
+        "channels": 1,
+        "mean": images.MEAN,
+        "std": images.STD,
+    }
+    labels = inference.predict(model, np.zeros((3, 1, 12, 12), dtype=np.float32))
+    assert labels.shape == (3,) and set(labels.tolist()) <= set(range(10))
 
 
 def test_plain_python_run_trains_in_one_process(project_root, tmp_path):

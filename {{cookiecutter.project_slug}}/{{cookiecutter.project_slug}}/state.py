@@ -49,10 +49,11 @@ class CheckpointerBase:
     model, optimizer, schedule and scaler; and its random streams and schedule.
     """
 
-    def __init__(self, directory: str | Path, env, model, optimizer, scheduler, scaler=None):
+    def __init__(self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None):
         self.directory = Path(directory)
         self.env = env
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.data = data or {}  # images.data_description(): saved with every checkpoint, for predictions
         self.state = TrainingState()
 
     def end_epoch(self, epoch: int, val_acc: float) -> None:
@@ -94,6 +95,7 @@ class CheckpointerBase:
                 "best_acc": state.best_acc,
                 "rng": [rng for rng, _ in per_rank],
                 "progress": [progress for _, progress in per_rank],
+                "data": self.data,
             }
             self._write(training, is_best)
 

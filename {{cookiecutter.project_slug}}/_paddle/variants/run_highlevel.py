@@ -32,7 +32,8 @@ def train(args) -> None:
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         # build_model() gets the data's channels (--channels) if it takes them.
-        network = build_model(num_classes, **images.model_options(build_model, vars(train_set)))
+        data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
+        network = build_model(num_classes, **images.model_options(build_model, data))
         model = fit.paddle_model(network)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, args.lr)
@@ -41,7 +42,7 @@ def train(args) -> None:
         model.prepare(optimizer, fit.accumulated_loss(args.grad_accum), amp_configs="O1" if use_amp else None)
 
         output_dir = Path(args.output_dir)
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler)
+        checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler, data=data)
         state = checkpoints.resume(args.resume)
         global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
         metrics = logs.MetricsLog(

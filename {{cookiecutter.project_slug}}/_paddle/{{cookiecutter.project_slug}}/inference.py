@@ -12,6 +12,7 @@ import paddle
 
 from .checkpoint import BEST, LAST
 from .errors import UserError
+from .images import model_options
 from .model import build_model
 
 
@@ -30,24 +31,24 @@ def pick_device(device: str = "auto") -> str:
     return "gpu:0" if device != "cpu" and has_gpu else "cpu"
 
 
+def checkpoint_data(checkpoint: str | Path) -> dict:
+    """What a checkpoint of run.py records about its training images (images.data_description()):
+    class names, image size, channels, mean and std; {} for a bare state dict."""
+    return _load(Path(checkpoint))[1]
+
+
 def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> paddle.nn.Layer:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the size of the last tensor of the saved weights
-    (the classifier's bias in most networks). A last.pdparams or best.pdparams run.py wrote.
+    (the classifier's bias in most networks). build_model() gets the channels the checkpoint records,
+    if it takes them. A last.pdparams or best.pdparams run.py wrote.
     """
     checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise UserError(
-            f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
-        )
-    try:
-        weights = paddle.load(str(checkpoint))
-    except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
-        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
-    if not isinstance(weights, dict) or not weights:
-        raise UserError(f"{checkpoint} holds no model weights: pass a last.pdparams or best.pdparams that run.py wrote")
-    model = build_model(num_classes or int(list(weights.values())[-1].shape[0]))
+    weights, data = _load(checkpoint)
+    model = build_model(
+        num_classes or int(list(weights.values())[-1].shape[0]), **model_options(build_model, data)
+    )
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in weights or list(weights[key].shape) != list(value.shape):
@@ -61,9 +62,26 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     return model
 
 
+def _load(checkpoint: Path) -> tuple[dict, dict]:
+    """The model weights of a .pdparams file, and the data description of the .pdopt beside it (if any)."""
+    if not checkpoint.is_file():
+        raise UserError(
+            f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
+        )
+    try:
+        weights = paddle.load(str(checkpoint))
+        state_path = checkpoint.with_suffix(".pdopt")
+        state = paddle.load(str(state_path)) if state_path.is_file() else {}
+    except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
+        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
+    if not isinstance(weights, dict) or not weights:
+        raise UserError(f"{checkpoint} holds no model weights: pass a last.pdparams or best.pdparams that run.py wrote")
+    return weights, (state.get("data") if isinstance(state, dict) else None) or {}
+
+
 @paddle.no_grad()
 def predict(model: paddle.nn.Layer, images, batch_size: int = 256) -> np.ndarray:
-    """The predicted class index of each image (an int64 array): float32 (N, 3, H, W), numpy or tensors."""
+    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
     place = next(iter(model.parameters())).place
     labels = []
     for start in range(0, len(images), batch_size):

@@ -13,6 +13,7 @@ import torch
 
 from .checkpoint import BEST, LAST
 from .errors import UserError
+from .images import model_options
 from .model import build_model
 
 
@@ -28,24 +29,23 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
 
 
+def checkpoint_data(checkpoint: str | Path) -> dict:
+    """What a checkpoint of run.py records about its training images (images.data_description()):
+    class names, image size, channels, mean and std; {} for a bare state dict."""
+    return _load(Path(checkpoint), torch.device("cpu"))[1]
+
+
 def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> torch.nn.Module:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the size of the last tensor of the saved weights
-    (the classifier's bias in most networks). A last.pt or best.pt run.py wrote, or a bare state dict.
+    (the classifier's bias in most networks). build_model() gets the channels the checkpoint records,
+    if it takes them. A last.pt or best.pt run.py wrote, or a bare state dict.
     """
     checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
     target = pick_device(device)
-    try:
-        state = torch.load(checkpoint, map_location=target, weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
-    weights = state.get("model", state) if isinstance(state, dict) else None
-    if not isinstance(weights, dict) or not weights:
-        raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
-    model = build_model(num_classes or len(list(weights.values())[-1]))
+    weights, data = _load(checkpoint, target)
+    model = build_model(num_classes or len(list(weights.values())[-1]), **model_options(build_model, data))
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -54,9 +54,23 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     return model.to(target).eval()
 
 
+def _load(checkpoint: Path, device: torch.device) -> tuple[dict, dict]:
+    """The model weights and the data description of a checkpoint file."""
+    if not checkpoint.is_file():
+        raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
+    try:
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
+    weights = state.get("model", state) if isinstance(state, dict) else None
+    if not isinstance(weights, dict) or not weights:
+        raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
+    return weights, state.get("data") or {}
+
+
 @torch.no_grad()
 def predict(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
-    """The predicted class index of each image (an int64 array): float32 (N, 3, H, W), numpy or tensors."""
+    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
     device = next(model.parameters()).device
     labels = []
     for start in range(0, len(images), batch_size):
