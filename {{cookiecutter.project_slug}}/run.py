@@ -49,13 +49,7 @@ def train(args) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
-        # The curves go on from the checkpoint: what a killed run recorded past it is dropped.
-        tracker = tracking.Tracker(
-            output_dir, env, args.tracking, start_epoch=state.epochs_done,
-            start_step=logs.optimizer_step(
-                state.epochs_done + 1, state.progress.step, len(train_loader), args.grad_accum
-            ),
-        )  # fmt: skip
+        tracker = tracking.Tracker.resuming(output_dir, env, args.tracking, state, len(train_loader), args.grad_accum)
         if state.epochs_done >= args.epochs:
             log.info(
                 "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs

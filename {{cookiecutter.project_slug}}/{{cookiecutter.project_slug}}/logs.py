@@ -144,6 +144,12 @@ class TrackerBase:
                 f"tracking needs the {self.PACKAGE} package: pip install {self.PACKAGE}, or pass --no-tracking"
             )
 
+    @classmethod
+    def resuming(cls, output_dir, env, enabled: bool, state, batches_per_epoch: int, grad_accum: int):
+        """A tracker whose curves go on from `state` (the TrainingState a checkpoint restored)."""
+        start_step = optimizer_step(state.epochs_done + 1, state.progress.step, batches_per_epoch, grad_accum)
+        return cls(output_dir, env, enabled, start_step=start_step, start_epoch=state.epochs_done)
+
     def loss(self, step: int, value: float) -> None:
         """The training loss at optimizer step `step` (see optimizer_step())."""
         if self.active:

@@ -49,13 +49,7 @@ def train(args) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
-        # The curves go on from the checkpoint: what a killed run recorded past it is dropped.
-        tracker = tracking.Tracker(
-            output_dir, env, args.tracking, start_epoch=state.epochs_done,
-            start_step=logs.optimizer_step(
-                state.epochs_done + 1, state.progress.step, len(train_loader), args.grad_accum
-            ),
-        )  # fmt: skip
+        tracker = tracking.Tracker.resuming(output_dir, env, args.tracking, state, len(train_loader), args.grad_accum)
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""

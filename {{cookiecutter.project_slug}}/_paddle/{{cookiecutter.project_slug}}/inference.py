@@ -46,9 +46,7 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     """
     checkpoint = Path(checkpoint)
     weights, data = _load(checkpoint)
-    model = build_model(
-        num_classes or int(list(weights.values())[-1].shape[0]), **model_options(build_model, data)
-    )
+    model = build_model(num_classes or int(list(weights.values())[-1].shape[0]), **model_options(build_model, data))
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in weights or list(weights[key].shape) != list(value.shape):
