@@ -1,6 +1,9 @@
 """Who starts the processes: run.py spawns them itself only with the spawn launcher, and only once."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +81,38 @@ def test_run_py_spawns_its_processes_only_when_no_launcher_did(clean_env, launch
 
     assert spawned == ([2] if spawns else [])
     assert ran_here == ([] if spawns else ["args"])
+
+
+FLEET_RANK = """
+import paddle
+from paddle.distributed import collective
+
+from {{ cookiecutter.project_slug }} import distributed
+
+distributed.LAUNCHER = "fleetrun"
+env = distributed.setup("cpu")
+distributed.wrap_model(paddle.nn.Linear(2, 2), env)
+joined = sorted(gid for gid, group in collective._get_group_map().items() if group.process_group is not None)
+print(f"rank {env.rank} joined {joined}", flush=True)
+distributed.barrier()
+"""
+
+
+def test_fleet_on_cpu_joins_only_the_global_group_where_each_new_gloo_group_could_fail_to_connect(
+    project_root, tmp_path
+):
+    """Four ranks: fleet.init() makes its data-parallel groups, which paddle's gloo may wire to a stale address."""
+    script = tmp_path / "fleet_rank.py"
+    script.write_text(FLEET_RANK, encoding="utf-8")
+    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "4"]
+
+    result = subprocess.run(
+        [*launch, "--log_dir", str(tmp_path / "logs"), str(script)],
+        cwd=project_root, env=dict(os.environ, PYTHONPATH=str(project_root)), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    logs = "".join(path.read_text(encoding="utf-8") for path in sorted((tmp_path / "logs").glob("workerlog.*")))
+    assert result.returncode == 0, logs[-3000:]
+    assert sorted(line for line in logs.splitlines() if " joined " in line) == [
+        f"rank {rank} joined [0]" for rank in range(4)
+    ]

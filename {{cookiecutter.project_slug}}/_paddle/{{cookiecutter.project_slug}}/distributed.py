@@ -20,6 +20,7 @@ import signal
 import sys
 import warnings
 from dataclasses import dataclass
+from unittest import mock
 
 import paddle
 import paddle.distributed as dist
@@ -136,11 +137,28 @@ def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: boo
     fleet.set_log_level(quiet)
     strategy = fleet.DistributedStrategy()
     strategy.find_unused_parameters = find_unused_parameters
-    with _without_flag_table(), warnings.catch_warnings():
+    with _without_flag_table(), warnings.catch_warnings(), _groups_of_all_ranks_are_the_global_group(env):
         # Each rank makes every group, its own and the others' (of which it is told it is no member).
         warnings.filterwarnings("ignore", "Current global rank")
         fleet.init(is_collective=True, strategy=strategy, log_level=quiet)
     return fleet.distributed_model(model)
+
+
+def _groups_of_all_ranks_are_the_global_group(env: DistEnv):
+    """While fleet.init() makes its data-parallel groups on CPU, one of all ranks is the global group, not a new one.
+
+    Paddle's gloo groups meet under the same store keys, group after group: a rank can read a peer's address
+    from the group before and fail with "Connection refused" or a TIMEOUT (seen in 1 of 4 two-machine jobs
+    on a busy host). For data parallel, fleet's groups hold all ranks, which the global group already joins.
+    """
+    if env.on_gpu:
+        return contextlib.nullcontext()
+    all_ranks, new_group = list(range(env.world_size)), dist.new_group
+
+    def group(ranks=None, *args, **kwargs):
+        return dist.get_group(0) if ranks is None or sorted(ranks) == all_ranks else new_group(ranks, *args, **kwargs)
+
+    return mock.patch.object(dist, "new_group", group)
 
 
 def wrap_optimizer(optimizer: paddle.optimizer.Optimizer) -> paddle.optimizer.Optimizer:
