@@ -34,7 +34,7 @@ def paddle_model(network: paddle.nn.Layer) -> paddle.Model:
     """paddle.Model around the network.
 
     On several ranks it wraps the network in DataParallel itself, calling init_parallel_env()
-    (again; under fleetrun the first time: distributed.setup() leaves joining to fleet.init(), unused here).
+    again (distributed.setup() has joined: paddle keeps that process group).
     """
     with distributed._without_flag_table():  # the package's own helper, as setup() uses it
         return paddle.Model(network)

@@ -6,10 +6,10 @@ such as PaddleCloud or AI Studio set PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
 PADDLE_TRAINER_ENDPOINTS, ...). With none set, this is rank 0 of 1 and
 nothing here does any communication: single process is just the default case.
 
-With the fleetrun launcher the own loop uses paddle's fleet API: fleet.init()
-joins the process group with a DistributedStrategy that also says how
-fleet.distributed_model() wraps the model, so it runs in wrap_model(), where
-the model's needs (--find-unused-parameters) are known, not in setup().
+With the fleetrun launcher the own loop also uses paddle's fleet API: fleet.init()
+takes a DistributedStrategy that says how fleet.distributed_model() wraps the
+model, so it runs in wrap_model(), where the model's needs
+(--find-unused-parameters) are known; setup() has joined the process group by then.
 """
 
 import contextlib
@@ -17,7 +17,9 @@ import io
 import logging
 import os
 import signal
+import socket
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from unittest import mock
@@ -60,7 +62,7 @@ def gpu_available() -> bool:
 
 
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
-    """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU); fleetrun: set its backend."""
+    """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
     if device == "gpu" and not gpu_available():
         raise UserError(
@@ -73,11 +75,25 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         if this_device == "cpu":
             os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
         os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
-        # fleetrun: fleet.init() joins in wrap_model() (paddle.Model under highlevel); joining here first makes it warn.
-        if LAUNCHER != "fleetrun":
-            with _without_flag_table():
-                dist.init_parallel_env()
+        if rank > 0:
+            _wait_for_the_store(timeout_s)
+        with _without_flag_table():
+            dist.init_parallel_env()
     return DistEnv(rank, local_rank, world_size, this_device)
+
+
+def _wait_for_the_store(timeout_s: float) -> None:
+    """Return once rank 0's rendezvous store listens (or at the timeout: joining then says what is wrong).
+
+    Paddle's own client tries again only every 3 s: a rank that starts before rank 0 would lose them.
+    """
+    endpoint = os.environ.get("PADDLE_MASTER") or os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")[0]
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+            return
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -126,14 +142,14 @@ def all_gather_object(obj) -> list:
 def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:
     """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
 
-    Under fleetrun fleet.init() joins here and fleet.distributed_model() wraps.
+    Under fleetrun fleet.init() makes its groups here and fleet.distributed_model() wraps.
     """
     if env.world_size == 1:
         return model
     if LAUNCHER != "fleetrun":
         return paddle.DataParallel(model, find_unused_parameters=find_unused_parameters)
     # fleet.init() takes the strategy fleet.distributed_model() wraps by: a paddle.DataParallel for data parallel.
-    quiet = "WARNING"  # not fleet's INFO lines about its strategy and the groups it makes
+    quiet = "ERROR"  # not fleet's lines about its strategy, its groups and the process group setup() joined
     fleet.set_log_level(quiet)
     strategy = fleet.DistributedStrategy()
     strategy.find_unused_parameters = find_unused_parameters
