@@ -43,7 +43,7 @@ def train(args) -> None:
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
-        state = checkpoints.resume(args.resume)
+        state = checkpoints.resume(args.resume, args.init_from)
         global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,

@@ -22,6 +22,7 @@
 #   DRY_RUN=1       print what was found and the command that would start, and start nothing
 set -euo pipefail
 cd "$(dirname "$0")"
+export RUN_SCRIPT=${RUN_SCRIPT:-run.py} # the script each process runs: predict.sh starts predict.py this way
 
 count_gpus() {
   if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
@@ -64,32 +65,32 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / NPROC_PER_NODE > 0 ? cores 
 # {{ cookiecutter.project_slug }}/launcher.py runs {{ "torchrun" if cookiecutter.launcher == "torchrun" else "torch.distributed.launch" }} itself, and ends a failed job with one line.
 {%- endif %}
 {%- if cookiecutter.launcher == "torchrun" %}
-command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" run.py "$@")
+command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
   command=(python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK"
     --nproc_per_node="$NPROC_PER_NODE" --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"
-    --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@")
+    --rdzv-conf timeout="$JOIN_TIMEOUT" "$RUN_SCRIPT" "$@")
 fi
 {%- endif %}
 {%- elif cookiecutter.launcher == "launch" and cookiecutter.framework == "pytorch" %}
-command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" run.py "$@")
+command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
   command=(python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node-rank="$NODE_RANK"
     --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT"
-    --rdzv-conf timeout="$JOIN_TIMEOUT" run.py "$@")
+    --rdzv-conf timeout="$JOIN_TIMEOUT" "$RUN_SCRIPT" "$@")
 fi
 {%- endif %}
 {%- elif cookiecutter.launcher == "spawn" %}
-# run.py spawns NPROC_PER_NODE processes itself.
+# $RUN_SCRIPT spawns NPROC_PER_NODE processes itself.
 export NPROC_PER_NODE NNODES
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
   export NODE_RANK MASTER_ADDR MASTER_PORT
 fi
 {%- endif %}
-command=(python run.py "$@")
+command=(python "$RUN_SCRIPT" "$@")
 {%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
 # {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
 # to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's output folder
@@ -109,7 +110,7 @@ fi
 {%- endif %}
 # {{ cookiecutter.project_slug }}/launcher.py runs paddle.distributed.launch{{ " (what fleetrun runs too)" if cookiecutter.launcher == "fleetrun" }} in-process{{ ", and gives up after JOIN_TIMEOUT" if cookiecutter.nodes == "multi" }}.
 # paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
-command=(python -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" run.py "$@")
+command=(python -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" "$RUN_SCRIPT" "$@")
 {%- endif %}
 if [[ ${DRY_RUN:-} == 1 ]]; then
   echo "would run: ${command[*]@Q}"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_image_folder
 
 from {{ cookiecutter.project_slug }} import cli, images, inference, settings
 
@@ -193,6 +194,55 @@ def test_a_diverging_loss_stops_every_rank_with_one_error_line_and_keeps_the_las
     run(["bash", "run.sh", *training_args(output_dir, epochs=2)], project_root, nproc=2)
     assert [record["epoch"] for record in read_metrics(output_dir)] == [1, 2]
     assert math.isfinite(read_metrics(output_dir)[1]["train_loss"])
+
+
+SHIFTED_LOSS = """
+
+_build_loss = build_loss
+
+
+def build_loss():  # noqa: F811 - a test replaces the loss as a user would
+    loss = _build_loss()
+    return lambda logits, labels: loss(logits, labels) + 10.0
+"""
+
+
+def test_a_loss_of_your_own_in_model_py_is_the_loss_training_and_evaluation_use(project_root, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    model_py = project / "{{ cookiecutter.project_slug }}" / "model.py"
+    model_py.write_text(model_py.read_text() + SHIFTED_LOSS)
+    output_dir = tmp_path / "output"
+
+    run([sys.executable, "run.py", "--synthetic", "--epochs", "1", "--output-dir", str(output_dir)], project, nproc=1)
+
+    [epoch] = read_metrics(output_dir)
+    assert 10 < epoch["train_loss"] < 13 and 10 < epoch["val_loss"] < 13  # cross-entropy of 10 classes: 0 to ~2.3
+
+
+def test_init_from_a_checkpoint_of_ten_classes_fine_tunes_on_three_and_lists_the_head_it_left(
+    two_process_run, project_root, tmp_path
+):
+    data_dir = tmp_path / "three"
+    for split, count in (("train", 12), ("val", 3)):
+        write_image_folder(data_dir / split, ["cat", "cow", "dog"], per_class=count)
+    trained = inference.checkpoint_path(two_process_run, "best")
+    output_dir = tmp_path / "output"
+    args = ["--data-dir", str(data_dir), "--output-dir", str(output_dir), "--init-from", str(trained)]
+
+    started = run([sys.executable, "run.py", *args, "--epochs", "1"], project_root, nproc=1)
+    resumed = run([sys.executable, "run.py", *args, "--epochs", "2"], project_root, nproc=1)
+
+    [left] = [line for line in started.stdout.splitlines() if "left as build_model() made them" in line]
+    saved = inference.load_for_inference(trained, device="cpu").state_dict()
+    shapes = {name: tuple(int(size) for size in value.shape) for name, value in saved.items()}
+    head = [name for name, shape in shapes.items() if shape[0] == 10]  # the classifier's outputs: 10 classes, now 3
+    assert head and left.split("): ", 1)[1] == ", ".join(
+        f"{name} ({shapes[name]} in the file, {(3, *shapes[name][1:])} in the model)" for name in head
+    )
+    assert f"initialised from {trained}" in started.stdout
+    assert f"--init-from {trained} ignored: a resumed run goes on from its own checkpoint" in resumed.stdout
+    assert [record["epoch"] for record in read_metrics(output_dir)] == [1, 2]
 
 
 def test_a_checkpoint_records_its_data_so_predicting_needs_nothing_else(project_root, tmp_path):

@@ -1,4 +1,4 @@
-"""Command-line flags of run.py; the same for every framework and launcher."""
+"""Command-line flags of run.py and predict.py; the same for every framework and launcher."""
 
 import argparse
 import os
@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         default="auto",
         help="auto: continue from OUTPUT_DIR/checkpoints/last.* if present; none: start afresh; or a checkpoint path",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="a fresh start begins from these weights (a state dict, or a checkpoint of this project): those that "
+        "fit the model by name and shape; the others (a new classifier head) are listed and keep their initial values",
     )
     parser.add_argument(
         "--synthetic",
@@ -166,6 +172,45 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args
+
+
+def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Predict the class of every image in a folder or an archive, into a CSV file (see predict.sh)."
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=str(PROJECT_ROOT / "output" / "checkpoints" / f"best.{'pt' if FRAMEWORK == 'pytorch' else 'pdparams'}"),
+        help="a checkpoint run.py wrote: it holds the class names and how images were read (default: output/'s best)",
+    )
+    parser.add_argument(
+        "--input", required=True, help="a folder of images (at any depth), or an archive of them (.zip, .tar.gz, ...)"
+    )
+    parser.add_argument("--output", default="predictions.csv", help="the CSV file to write (rank 0 writes it)")
+    parser.add_argument(
+        "--sample-submission",
+        metavar="FILE",
+        help="a competition's sample CSV: its header, its ID column (an image's file name without its extension) "
+        "and its row order are followed; the second column gets the label",
+    )
+    parser.add_argument(
+        "--probabilities", action="store_true", help="add a column with the predicted class's probability"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"
+    )
+    parser.add_argument(
+        "--dist-timeout", type=float, default=1800.0, help="seconds a process waits for the others before stopping"
+    )
+    parser.add_argument(
+        "--archive-max-gb",
+        type=float,
+        default=100.0,
+        help="refuse archives that declare more uncompressed data than this (zip bombs)",
+    )
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
 
 def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:

@@ -14,13 +14,17 @@ from .errors import UserError
 PACKAGE_LOGGER = logging.getLogger(__package__)
 
 
-def setup_logging(output_dir: str | Path, rank: int) -> logging.Logger:
-    output_dir = Path(output_dir)
-    if rank == 0:
+def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
+    """Rank 0 logs to the console and OUTPUT_DIR/train.log, the others to OUTPUT_DIR/logs/rankN.log; with no
+    output_dir (predict.py), rank 0 to the console only, the others nowhere."""
+    if output_dir is None:
+        handlers = [logging.StreamHandler(sys.stdout)] if rank == 0 else [logging.NullHandler()]
+    elif rank == 0:
+        output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(output_dir / "train.log")]
     else:
-        rank_dir = output_dir / "logs"
+        rank_dir = Path(output_dir) / "logs"
         rank_dir.mkdir(parents=True, exist_ok=True)
         handlers = [logging.FileHandler(rank_dir / f"rank{rank}.log")]
     formatter = logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S")

@@ -455,8 +455,13 @@ def machine_argv(argv: list[str], args) -> list[str]:
 def main(argv: list[str]) -> None:
     from . import cli  # here, not above: cli uses this module
 
-    sys.argv[0] = "run.py"  # whose flags these are, in argparse's messages
-    args = cli.parse_args(argv, quiet=True)  # a bad flag stops here, before any process starts
+    script = os.environ.get("RUN_SCRIPT", "run.py")
+    sys.argv[0] = script  # whose flags these are, in argparse's messages
+    # A bad flag stops here, before any process starts.
+    if script == "predict.py":
+        output_dir = str(Path(cli.parse_predict_args(argv).output).resolve().parent)  # where its CSV goes
+    else:
+        output_dir = cli.parse_args(argv, quiet=True).output_dir
     env = os.environ
     try:
         layout = decide(env, int(env.get("VISIBLE_GPUS", "0") or 0))
@@ -472,8 +477,8 @@ def main(argv: list[str]) -> None:
         "NPROC_PER_NODE": layout.nproc,
         "MASTER_ADDR": master_ip,
         "MASTER_PORT": layout.master_port,
-        "OUTPUT_DIR": args.output_dir,
-        "found": describe(layout, master_ip, args.output_dir),
+        "OUTPUT_DIR": output_dir,
+        "found": describe(layout, master_ip, output_dir),
     }
     for name, value in assignments.items():
         print(f"unset {name}" if value is None else f"{name}={shlex.quote(str(value))}")

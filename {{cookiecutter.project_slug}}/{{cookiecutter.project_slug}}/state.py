@@ -46,7 +46,8 @@ class CheckpointerBase:
     """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
 
     A framework's Checkpointer adds its files: _write() (rank 0) and _read(), which loads the
-    model, optimizer, schedule and scaler; and its random streams and schedule.
+    model, optimizer, schedule and scaler; _init_weights() for --init-from; and its random
+    streams and schedule.
     """
 
     def __init__(self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None):
@@ -69,14 +70,23 @@ class CheckpointerBase:
         if stopped.progress.step:
             self._save(replace(self.state, progress=stopped.progress), is_best=False)
 
-    def resume(self, how: str) -> TrainingState:
+    def resume(self, how: str, init_from: str | None = None) -> TrainingState:
         """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
 
         Every rank loads it, and all must find the same point: a machine that cannot see the
-        checkpoint would otherwise start afresh and train a different model.
+        checkpoint would otherwise start afresh and train a different model. A fresh start
+        begins from the weights of `init_from` (--init-from), where they fit the model.
         """
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
+        if init_from and loaded is not None:
+            log.info("--init-from %s ignored: a resumed run goes on from its own checkpoint", init_from)
+        elif init_from:
+            if not Path(init_from).is_file():
+                raise UserError(
+                    f"--init-from {init_from} not found: pass a file of weights (a state dict or a checkpoint)"
+                )
+            self._init_weights(Path(init_from))
         points = distributed.all_gather_object((self.state.epochs_done, self.state.progress.step))
         if len(set(points)) > 1:
             raise UserError(
@@ -85,6 +95,24 @@ class CheckpointerBase:
             )
         self._reapply_schedule()
         return self.state
+
+    def _fitting(self, own: dict, given: dict, path: Path) -> dict:
+        """The tensors of `given` that fit the model's (`own`: same name, same shape); the others are listed."""
+        fitting = {name: value for name, value in given.items() if name in own and _shape(value) == _shape(own[name])}
+        if not fitting:
+            raise UserError(
+                f"--init-from {path}: none of its {len(given)} tensors fits build_model()'s names and shapes "
+                "(weights of another network?)"
+            )
+        left = [
+            f"{name} ({_shape(given[name])} in the file, {_shape(value)} in the model)" if name in given else name
+            for name, value in own.items()
+            if name not in fitting
+        ]
+        log.info("initialised from %s: %d of the model's %d tensors", path, len(own) - len(left), len(own))
+        if left:
+            log.info("left as build_model() made them (not in the file, or of another shape): %s", ", ".join(left))
+        return fitting
 
     def _save(self, state: TrainingState, is_best: bool) -> None:
         # Every rank's random streams and progress are gathered; only rank 0 writes.
@@ -115,3 +143,7 @@ class CheckpointerBase:
         else:
             log.info("resumed from %s (epoch %d)", path, saved["epoch"])
         return TrainingState(saved["epoch"], saved["best_acc"], progress)
+
+
+def _shape(tensor) -> tuple[int, ...]:
+    return tuple(int(size) for size in tensor.shape)

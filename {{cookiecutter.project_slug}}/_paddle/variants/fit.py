@@ -14,12 +14,12 @@ import warnings
 from dataclasses import replace
 
 import paddle
-import paddle.nn.functional as F
 from paddle.io import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
 from .logs import optimizer_step
+from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress, TrainingState
 from .tracking import Tracker
@@ -46,12 +46,13 @@ def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
 
 
 def accumulated_loss(grad_accum: int):
-    """Cross-entropy for Model.prepare().
+    """model.build_loss() for Model.prepare().
 
     fit() sums the gradients of --grad-accum micro-batches; each loss divided by
     their number makes the sum a mean, as one big batch (and the basic loop) gives.
     """
-    return lambda logits, labels: F.cross_entropy(logits, labels) / grad_accum
+    loss_fn = build_loss()
+    return lambda logits, labels: loss_fn(logits, labels) / grad_accum
 
 
 class EpochEnd(paddle.callbacks.Callback):

@@ -69,6 +69,10 @@ class Checkpointer(CheckpointerBase):
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
         _move_saved_into_place(self.directory)
 
+    def _init_weights(self, path: Path) -> None:
+        model = distributed.unwrap(self.model)
+        model.set_state_dict(self._fitting(model.state_dict(), read_weights(path)[0], path))
+
     def _read(self, how: str) -> tuple[Path, dict] | None:
         """The checkpoint `how` names, loaded into the model, optimizer and scaler; None: start afresh.
 
@@ -135,6 +139,24 @@ class Checkpointer(CheckpointerBase):
         paddle.set_rng_state(state["paddle"], "cpu")
         if state["gpu"] and distributed.gpu_available():
             paddle.set_rng_state(state["gpu"], "gpu")
+
+
+def read_weights(checkpoint: Path) -> tuple[dict, dict]:
+    """The model weights of a .pdparams file, and the data description (images.data_description()) of the .pdopt
+    beside it, if there is one."""
+    if not checkpoint.is_file():
+        raise UserError(
+            f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
+        )
+    try:
+        weights = paddle.load(str(checkpoint))
+        state_path = checkpoint.with_suffix(".pdopt")
+        state = paddle.load(str(state_path)) if state_path.is_file() else {}
+    except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
+        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
+    if not isinstance(weights, dict) or not weights:
+        raise UserError(f"{checkpoint} holds no model weights: pass a last.pdparams or best.pdparams that run.py wrote")
+    return weights, (state.get("data") if isinstance(state, dict) else None) or {}
 
 
 def _save_synced(obj, path: Path) -> None:

@@ -11,12 +11,12 @@ import random
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle.io import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
 from .logs import optimizer_step, progress_bar
+from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress
 from .tracking import Tracker
@@ -35,6 +35,7 @@ def train_one_epoch(
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker`.
     """
     model.train()
+    loss_fn = build_loss()
     sampler = loaders.train_sampler(loader)
     sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
     sampler.skip_batches = progress.step
@@ -49,7 +50,7 @@ def train_one_epoch(
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
             with paddle.amp.auto_cast(enable=use_amp):
-                loss = F.cross_entropy(model(images), labels)
+                loss = loss_fn(model(images), labels)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
             scaler.step(optimizer)
@@ -78,13 +79,14 @@ def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
     # The unwrapped model: ranks may run different numbers of batches, and only training needs the wrapper.
     model = distributed.unwrap(model)
     model.eval()
+    loss_fn = build_loss()
     loss_sum = paddle.zeros([])
     correct = paddle.zeros([])
     count = 0
     for images, labels in loader:
         with paddle.amp.auto_cast(enable=use_amp):
             logits = model(images)
-        loss_sum += F.cross_entropy(logits.astype("float32"), labels, reduction="sum")
+        loss_sum += loss_fn(logits.astype("float32"), labels) * len(labels)
         correct += (logits.argmax(axis=1) == labels).astype("float32").sum()
         count += len(labels)
     total_loss, total_correct, total = distributed.all_reduce_sum([loss_sum.item(), correct.item(), count], env)

@@ -4,13 +4,12 @@
 images are float32 (N, C, H, W), as images.load_image() makes them.
 """
 
-import pickle
 from pathlib import Path
 
 import numpy as np
 import paddle
 
-from .checkpoint import BEST, LAST
+from .checkpoint import BEST, LAST, read_weights
 from .errors import UserError
 from .images import model_options
 from .model import build_model
@@ -22,7 +21,10 @@ def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
 
 
 def pick_device(device: str = "auto") -> str:
-    """--device's choices: auto (a GPU where there is one), cpu, gpu; as paddle names devices."""
+    """--device's choices: auto (a GPU where there is one), cpu, gpu; or a rank's own device (DistEnv.device, "gpu:N").
+    As paddle names devices."""
+    if device.startswith("gpu:"):
+        return device
     has_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     if device == "gpu" and not has_gpu:
         raise UserError(
@@ -34,7 +36,7 @@ def pick_device(device: str = "auto") -> str:
 def checkpoint_data(checkpoint: str | Path) -> dict:
     """What a checkpoint of run.py records about its training images (images.data_description()):
     class names, image size, channels, mean and std; {} for a bare state dict."""
-    return _load(Path(checkpoint))[1]
+    return read_weights(Path(checkpoint))[1]
 
 
 def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> paddle.nn.Layer:
@@ -45,7 +47,7 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     if it takes them. A last.pdparams or best.pdparams run.py wrote.
     """
     checkpoint = Path(checkpoint)
-    weights, data = _load(checkpoint)
+    weights, data = read_weights(checkpoint)
     model = build_model(num_classes or int(list(weights.values())[-1].shape[0]), **model_options(build_model, data))
     expected = model.state_dict()
     for key, value in expected.items():
@@ -60,29 +62,19 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     return model
 
 
-def _load(checkpoint: Path) -> tuple[dict, dict]:
-    """The model weights of a .pdparams file, and the data description of the .pdopt beside it (if any)."""
-    if not checkpoint.is_file():
-        raise UserError(
-            f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
-        )
-    try:
-        weights = paddle.load(str(checkpoint))
-        state_path = checkpoint.with_suffix(".pdopt")
-        state = paddle.load(str(state_path)) if state_path.is_file() else {}
-    except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
-        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
-    if not isinstance(weights, dict) or not weights:
-        raise UserError(f"{checkpoint} holds no model weights: pass a last.pdparams or best.pdparams that run.py wrote")
-    return weights, (state.get("data") if isinstance(state, dict) else None) or {}
-
-
 @paddle.no_grad()
-def predict(model: paddle.nn.Layer, images, batch_size: int = 256) -> np.ndarray:
-    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
+def probabilities(model: paddle.nn.Layer, images, batch_size: int = 256) -> np.ndarray:
+    """Each image's class probabilities, the softmax of the model's outputs: float32 (N, classes)."""
     place = next(iter(model.parameters())).place
-    labels = []
+    batches = []
     for start in range(0, len(images), batch_size):
         batch = paddle.to_tensor(np.asarray(images[start : start + batch_size], dtype=np.float32), place=place)
-        labels.append(model(batch).argmax(axis=1).numpy().astype(np.int64))
-    return np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+        batches.append(paddle.nn.functional.softmax(model(batch).astype("float32"), axis=1).numpy())
+    return np.concatenate(batches) if batches else np.zeros((0, 0), dtype=np.float32)
+
+
+def predict(model: paddle.nn.Layer, images, batch_size: int = 256) -> np.ndarray:
+    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
+    if not len(images):
+        return np.zeros(0, dtype=np.int64)
+    return probabilities(model, images, batch_size).argmax(axis=1).astype(np.int64)

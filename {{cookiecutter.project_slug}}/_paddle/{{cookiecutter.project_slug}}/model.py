@@ -1,4 +1,5 @@
-"""The network and its optimizer. Extension points: replace build_model() and build_optimizer() with your own.
+"""The network, its optimizer and its loss. Extension points: replace build_model(), build_optimizer() and
+build_loss() with your own.
 
 Any paddle.nn.Layer works: distributed.wrap_model() adds DataParallel around
 it, and checkpoints store the unwrapped model's state dict.
@@ -33,3 +34,8 @@ def build_model(num_classes: int, channels: int = 3) -> nn.Layer:
 def build_optimizer(model: nn.Layer, lr: float) -> paddle.optimizer.Optimizer:
     """Momentum SGD at --lr; run.py puts the cosine schedule on top of whatever this returns."""
     return paddle.optimizer.Momentum(learning_rate=lr, momentum=0.9, parameters=model.parameters())
+
+
+def build_loss() -> nn.Layer:
+    """The training loss: called as loss(logits, labels), it returns the batch's mean (evaluation reports it too)."""
+    return nn.CrossEntropyLoss()

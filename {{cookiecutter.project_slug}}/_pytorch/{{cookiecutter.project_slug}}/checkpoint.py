@@ -45,6 +45,11 @@ class Checkpointer(CheckpointerBase):
         if is_best:
             _atomic_copy(self.last_path, self.directory / BEST)
 
+    def _init_weights(self, path: Path) -> None:
+        model = distributed.unwrap(self.model)
+        fitting = self._fitting(model.state_dict(), read_weights(path, self.env.device)[0], path)
+        model.load_state_dict(fitting, strict=False)
+
     def _read(self, how: str) -> tuple[Path, dict] | None:
         """The checkpoint `how` names, loaded into the model, optimizer, scheduler and scaler; None: start afresh."""
         if how == "none":
@@ -113,6 +118,20 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict:
             "pass --resume with a last.pt or best.pt, or start in a new --output-dir"
         )
     return state
+
+
+def read_weights(checkpoint: Path, device: torch.device) -> tuple[dict, dict]:
+    """The model weights and the data description (images.data_description()) of a checkpoint, or of a bare state dict."""
+    if not checkpoint.is_file():
+        raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
+    try:
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
+    weights = state.get("model", state) if isinstance(state, dict) else None
+    if not isinstance(weights, dict) or not weights:
+        raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
+    return weights, state.get("data") or {}
 
 
 def _atomic_save(state: dict, path: Path) -> None:

@@ -11,12 +11,12 @@ import random
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
 from .logs import optimizer_step, progress_bar
+from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress
 from .tracking import Tracker
@@ -35,6 +35,7 @@ def train_one_epoch(
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker`.
     """
     model.train()
+    loss_fn = build_loss()
     sampler = loaders.train_sampler(loader)
     sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
     sampler.skip_batches = progress.step
@@ -51,7 +52,7 @@ def train_one_epoch(
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
             with torch.autocast(env.device.type, enabled=use_amp):
-                loss = F.cross_entropy(model(images), labels)
+                loss = loss_fn(model(images), labels)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
             scaler.step(optimizer)
@@ -81,6 +82,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
     # forward would wait for the others.
     model = distributed.unwrap(model)
     model.eval()
+    loss_fn = build_loss()
     loss_sum = torch.zeros((), device=env.device)
     correct = torch.zeros((), device=env.device)
     count = 0
@@ -89,7 +91,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
         labels = labels.to(env.device, non_blocking=True)
         with torch.autocast(env.device.type, enabled=use_amp):
             logits = model(images)
-        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
+        loss_sum += loss_fn(logits.float(), labels) * len(labels)
         correct += (logits.argmax(dim=1) == labels).sum()
         count += len(labels)
     total_loss, total_correct, total = distributed.all_reduce_sum([loss_sum.item(), correct.item(), count], env)

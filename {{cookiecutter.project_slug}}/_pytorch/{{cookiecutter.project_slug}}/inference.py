@@ -4,14 +4,12 @@
 images are float32 (N, C, H, W), as images.load_image() makes them.
 """
 
-import pickle
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checkpoint import BEST, LAST
+from .checkpoint import BEST, LAST, read_weights
 from .errors import UserError
 from .images import model_options
 from .model import build_model
@@ -22,8 +20,10 @@ def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
     return Path(output_dir) / "checkpoints" / {"best": BEST, "last": LAST}[which]
 
 
-def pick_device(device: str = "auto") -> torch.device:
-    """--device's choices: auto (a GPU where there is one), cpu, gpu."""
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """--device's choices: auto (a GPU where there is one), cpu, gpu; or a rank's own device (DistEnv.device)."""
+    if isinstance(device, torch.device):
+        return device
     if device == "gpu" and not torch.cuda.is_available():
         raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
     return torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
@@ -32,7 +32,7 @@ def pick_device(device: str = "auto") -> torch.device:
 def checkpoint_data(checkpoint: str | Path) -> dict:
     """What a checkpoint of run.py records about its training images (images.data_description()):
     class names, image size, channels, mean and std; {} for a bare state dict."""
-    return _load(Path(checkpoint), torch.device("cpu"))[1]
+    return read_weights(Path(checkpoint), torch.device("cpu"))[1]
 
 
 def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> torch.nn.Module:
@@ -44,7 +44,7 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     """
     checkpoint = Path(checkpoint)
     target = pick_device(device)
-    weights, data = _load(checkpoint, target)
+    weights, data = read_weights(checkpoint, target)
     model = build_model(num_classes or len(list(weights.values())[-1]), **model_options(build_model, data))
     try:
         model.load_state_dict(weights)
@@ -54,26 +54,19 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     return model.to(target).eval()
 
 
-def _load(checkpoint: Path, device: torch.device) -> tuple[dict, dict]:
-    """The model weights and the data description of a checkpoint file."""
-    if not checkpoint.is_file():
-        raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
-    try:
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-        raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
-    weights = state.get("model", state) if isinstance(state, dict) else None
-    if not isinstance(weights, dict) or not weights:
-        raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
-    return weights, state.get("data") or {}
-
-
 @torch.no_grad()
-def predict(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
-    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
+def probabilities(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
+    """Each image's class probabilities, the softmax of the model's outputs: float32 (N, classes)."""
     device = next(model.parameters()).device
-    labels = []
+    batches = []
     for start in range(0, len(images), batch_size):
         batch = torch.as_tensor(np.asarray(images[start : start + batch_size], dtype=np.float32), device=device)
-        labels.append(model(batch).argmax(dim=1).cpu().numpy())
-    return np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+        batches.append(model(batch).float().softmax(dim=1).cpu().numpy())
+    return np.concatenate(batches) if batches else np.zeros((0, 0), dtype=np.float32)
+
+
+def predict(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
+    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
+    if not len(images):
+        return np.zeros(0, dtype=np.int64)
+    return probabilities(model, images, batch_size).argmax(axis=1).astype(np.int64)
