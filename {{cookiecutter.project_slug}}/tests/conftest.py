@@ -13,8 +13,10 @@ def project_root() -> Path:
     return ROOT
 
 
-def write_image_folder(root: Path, classes: list[str], per_class: int, size: int = 8, seed: int = 0) -> Path:
-    """root/<class>/<n>.png: small random grey images, `per_class` of each class; returns root."""
+def write_image_folder(
+    root: Path, classes: list[str], per_class: int, size: int = 8, seed: int = 0, first: int = 0
+) -> Path:
+    """root/<class>/<class>-<n>.png, n from `first`: small random grey images, `per_class` of each class."""
     import numpy as np
     from PIL import Image
 
@@ -23,5 +25,5 @@ def write_image_folder(root: Path, classes: list[str], per_class: int, size: int
         (root / name).mkdir(parents=True, exist_ok=True)
         for index in range(per_class):
             pixels = rng.integers(0, 256, (size, size), dtype=np.uint8)
-            Image.fromarray(pixels, mode="L").save(root / name / f"{name}-{index:03d}.png")
+            Image.fromarray(pixels, mode="L").save(root / name / f"{name}-{first + index:03d}.png")
     return root

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_image_folder
 
 from {{ cookiecutter.project_slug }} import archive, cli, data, settings
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.images import val_count
 
-SAMPLE_IMAGES = 1797
 JUNK = {
     "__MACOSX/digits/train/0/._0000.png": b"\x00\x05\x16\x07 AppleDouble",
     "__MACOSX/._digits": b"\x00\x05\x16\x07",
@@ -32,16 +32,26 @@ JUNK = {
 
 @pytest.fixture(scope="module")
 def sample_archive(tmp_path_factory) -> Path:
-    """The sample archive (dataset=zip), or one made from the sample folder (folder), or none (synthetic)."""
+    """The sample archive (dataset=zip), or one made from the sample folder (folder) or from made-up images."""
     if settings.DATASET == "zip":
         return cli.SAMPLE_ARCHIVE
-    if settings.DATASET == "folder":
-        path = tmp_path_factory.mktemp("sample") / "digits.zip"
-        with zipfile.ZipFile(path, "w") as zf:
-            for image in sorted(cli.SAMPLE_DATA_DIR.rglob("*.png")):
-                zf.write(image, image.relative_to(cli.SAMPLE_DATA_DIR).as_posix())
-        return path
-    pytest.skip("a synthetic project carries no sample data")
+    folder = cli.SAMPLE_DATA_DIR
+    if settings.DATASET == "synthetic":  # no sample data: images made up in its layout, 10 classes
+        folder = tmp_path_factory.mktemp("made_up")
+        classes = [str(digit) for digit in range(10)]
+        write_image_folder(folder / "train", classes, per_class=12, seed=1)
+        write_image_folder(folder / "val", classes, per_class=3, seed=2, first=100)
+    path = tmp_path_factory.mktemp("sample") / "digits.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for image in sorted(folder.rglob("*.png")):
+            zf.write(image, image.relative_to(folder).as_posix())
+    return path
+
+
+@pytest.fixture(scope="module")
+def sample_images(sample_archive) -> int:
+    with zipfile.ZipFile(sample_archive) as zf:
+        return sum(1 for name in zf.namelist() if name.endswith(".png"))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +75,8 @@ def flat_sample(sample_dir, tmp_path_factory) -> Path:
 
 
 def args_for(*argv: str):
-    return cli.parse_args(list(argv))
+    """run.py's flags; the data given, not the synthetic default of a dataset=synthetic project."""
+    return cli.parse_args(["--no-synthetic", *argv] if "--synthetic" not in argv else list(argv))
 
 
 def as_array(image) -> np.ndarray:
@@ -77,7 +88,9 @@ def contents(dataset, root: Path) -> list[tuple[str, int]]:
     return [(path.relative_to(root).as_posix(), label) for path, label in dataset.samples]
 
 
-def test_a_repacked_archive_with_a_top_folder_and_junk_loads_the_same_images(sample_archive, sample_dir, tmp_path):
+def test_a_repacked_archive_with_a_top_folder_and_junk_loads_the_same_images(
+    sample_archive, sample_dir, sample_images, tmp_path
+):
     repacked = tmp_path / "mydata.zip"
     with zipfile.ZipFile(sample_archive) as original, zipfile.ZipFile(repacked, "w") as zf:
         for name in original.namelist():
@@ -93,14 +106,16 @@ def test_a_repacked_archive_with_a_top_folder_and_junk_loads_the_same_images(sam
     assert num_classes == classes == 10
     assert contents(train, target / "digits") == contents(original_train, sample_dir)
     assert contents(val, target / "digits") == contents(original_val, sample_dir)
-    assert len(train) + len(val) == SAMPLE_IMAGES
+    assert len(train) + len(val) == sample_images
     for index in (0, len(train) - 1):
         assert np.array_equal(as_array(train[index][0]), as_array(original_train[index][0]))
     on_disk = {path.name for path in target.rglob("*")}
     assert not on_disk & {"__MACOSX", ".DS_Store", "Thumbs.db", "._0000.png", "._extra.png"}
 
 
-def test_a_flat_folder_with_a_labels_csv_gives_the_same_classes_and_a_stratified_split(sample_dir, flat_sample):
+def test_a_flat_folder_with_a_labels_csv_gives_the_same_classes_and_a_stratified_split(
+    sample_dir, sample_images, flat_sample
+):
     train, val, num_classes = data.build_datasets(
         args_for("--data-dir", str(flat_sample), "--labels-csv", str(flat_sample / "train.csv"))
     )
@@ -108,7 +123,7 @@ def test_a_flat_folder_with_a_labels_csv_gives_the_same_classes_and_a_stratified
 
     assert train.classes == val.classes == folder_train.classes == [str(digit) for digit in range(10)]
     assert num_classes == 10
-    assert len(train) + len(val) == SAMPLE_IMAGES
+    assert len(train) + len(val) == sample_images
     all_labels = [label for _, label in train.samples + val.samples]
     val_labels = [label for _, label in val.samples]
     for label in range(10):
@@ -185,13 +200,13 @@ def test_the_sets_carry_what_a_checkpoint_records(sample_dir):
     }
 
 
-def test_args_without_the_new_flags_still_build(sample_dir):
+def test_args_without_the_new_flags_still_build(sample_dir, sample_images):
     from types import SimpleNamespace
 
     train, val, _ = data.build_datasets(SimpleNamespace(synthetic=False, data_dir=str(sample_dir), seed=0))
 
     assert (train.image_size, train.channels) == (data.IMAGE_SIZE, data.CHANNELS)
-    assert len(train) + len(val) == SAMPLE_IMAGES
+    assert len(train) + len(val) == sample_images
 
 
 def folder_with_a_corrupt_image(root: Path) -> Path:
