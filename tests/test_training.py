@@ -57,7 +57,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("answers", LAUNCH_CASES, ids=lambda a: "-".join(a.values()))
-def test_two_processes_train_write_once_and_resume(bake, tmp_path, answers):
+def test_two_processes_train_write_once_resume_and_predict(bake, tmp_path, answers):
     project = bake(**answers)
     output = tmp_path / "out"
 
@@ -88,6 +88,21 @@ def test_two_processes_train_write_once_and_resume(bake, tmp_path, answers):
     assert [m["epoch"] for m in resumed] == [1, 2, 3]
     assert resumed[:2] == metrics
     assert checkpoint_summary(project, answers["framework"], output)["epoch"] == 3
+
+    # predict.sh starts its processes as run.sh does; between them they predict each image once. (That two
+    # processes write the bytes one process writes is the baked project's own test.)
+    best = "best.pt" if answers["framework"] == "pytorch" else "best.pdparams"
+    predictions = tmp_path / "predictions.csv"
+    predicted = run(
+        ["bash", "predict.sh", "--checkpoint", str(output / "checkpoints" / best), "--input", "data/digits.zip",
+         "--output", str(predictions)],
+        project, NPROC_PER_NODE="2",
+    )  # fmt: skip
+    assert predicted.returncode == 0, f"predict.sh failed:\n{predicted.stdout[-3000:]}\n{predicted.stderr[-3000:]}"
+    header, *rows = [line.split(",") for line in predictions.read_text(encoding="utf-8").splitlines()]
+    assert header == ["image", "label"] and len(rows) == TRAIN_SIZE + VAL_SIZE
+    assert [image for image, _ in rows] == sorted(image for image, _ in rows)
+    assert sum(image.split("/")[1] == label for image, label in rows) / len(rows) > 0.5  # train/<label>/...
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "paddle"])

@@ -29,15 +29,15 @@ def run(command: list[str], cwd: Path, nproc: int = 1, check: bool = True) -> su
 
 @pytest.fixture(scope="module")
 def test_images(tmp_path_factory) -> Path:
-    """An archive of labelled images wrapped in a top folder, with junk: the sample's, or made up (synthetic)."""
+    """An archive of labelled images wrapped in a top folder, with junk: the sample's val/, or made up (synthetic)."""
     folder = tmp_path_factory.mktemp("images") / "digits"
     if settings.DATASET == "synthetic":
         write_image_folder(folder / "val", [str(label) for label in range(10)], per_class=7)
     elif settings.DATASET == "zip":
         with zipfile.ZipFile(cli.SAMPLE_ARCHIVE) as sample:
-            sample.extractall(folder)
+            sample.extractall(folder, [name for name in sample.namelist() if name.startswith("val/")])
     else:
-        shutil.copytree(cli.SAMPLE_DATA_DIR, folder)
+        shutil.copytree(cli.SAMPLE_DATA_DIR / "val", folder / "val")
     path = folder.with_suffix(".zip")
     with zipfile.ZipFile(path, "w") as packed:
         for image in sorted(folder.rglob("*.png")):
