@@ -20,6 +20,7 @@ SHARED_PACKAGE = {
     "state",
     "platforms",
     "notebook",
+    "submission",
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -45,6 +46,7 @@ SHARED_TESTS = {
     "test_platforms.py",
     "test_notebook.py",
     "test_tracking.py",
+    "test_predict.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},
@@ -61,6 +63,8 @@ ROOT_FILES = {
     "README.md",
     "run.sh",
     "run.py",
+    "predict.sh",
+    "predict.py",
     "requirements.txt",
     "requirements-dev.txt",
     "requirements-notebook.txt",

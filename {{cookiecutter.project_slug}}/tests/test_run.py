@@ -235,6 +235,7 @@ def test_init_from_a_checkpoint_of_ten_classes_fine_tunes_on_three_and_lists_the
     resumed = run([sys.executable, "run.py", *args, "--epochs", "2"], project_root, nproc=1)
 
     [left] = [line for line in started.stdout.splitlines() if "left as build_model() made them" in line]
+
     def shapes(model) -> dict:
         return {name: tuple(int(size) for size in value.shape) for name, value in model.state_dict().items()}
 

@@ -47,7 +47,7 @@ class Checkpointer(CheckpointerBase):
 
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)
-        fitting = self._fitting(model.state_dict(), read_weights(path, self.env.device)[0], path)
+        fitting = self._fitting(model.state_dict(), read_weights(path)[0], path)
         model.load_state_dict(fitting, strict=False)
 
     def _read(self, how: str) -> tuple[Path, dict] | None:
@@ -120,12 +120,12 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict:
     return state
 
 
-def read_weights(checkpoint: Path, device: torch.device) -> tuple[dict, dict]:
+def read_weights(checkpoint: Path) -> tuple[dict, dict]:
     """The model weights and the data description (images.data_description()) of a checkpoint, or of a bare state dict."""
     if not checkpoint.is_file():
         raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
     try:
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)  # the caller moves what it keeps
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
     weights = state.get("model", state) if isinstance(state, dict) else None

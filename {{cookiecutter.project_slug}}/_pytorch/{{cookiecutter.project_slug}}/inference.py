@@ -32,10 +32,12 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
 def checkpoint_data(checkpoint: str | Path) -> dict:
     """What a checkpoint of run.py records about its training images (images.data_description()):
     class names, image size, channels, mean and std; {} for a bare state dict."""
-    return read_weights(Path(checkpoint), torch.device("cpu"))[1]
+    return read_weights(Path(checkpoint))[1]
 
 
-def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> torch.nn.Module:
+def load_for_inference(
+    checkpoint: str | Path, device: str | torch.device = "auto", num_classes: int | None = None
+) -> torch.nn.Module:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the size of the last tensor of the saved weights
@@ -44,7 +46,7 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     """
     checkpoint = Path(checkpoint)
     target = pick_device(device)
-    weights, data = read_weights(checkpoint, target)
+    weights, data = read_weights(checkpoint)
     model = build_model(num_classes or len(list(weights.values())[-1]), **model_options(build_model, data))
     try:
         model.load_state_dict(weights)
