@@ -87,7 +87,9 @@ def _wait_for_the_store(timeout_s: float) -> None:
 
     Paddle's own client tries again only every 3 s: a rank that starts before rank 0 would lose them.
     """
-    endpoint = os.environ.get("PADDLE_MASTER") or os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")[0]
+    endpoint = os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
+    if ":" not in endpoint:  # nowhere to look: paddle's own client will say what is missing
+        return
     host, port = endpoint.rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
