@@ -108,9 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(1, 3),
         help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)",
     )
-    parser.add_argument(
-        "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"
-    )
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
     parser.add_argument("--workers", type=non_negative_int, default=0, help="data-loading worker processes per rank")
@@ -122,21 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"rank 0 writes the loss and the epoch metrics for {TRACKER} under OUTPUT_DIR/{TRACKER.lower()}/",
     )
     parser.add_argument(
-        "--dist-timeout",
-        type=float,
-        default=1800.0,
-        help="seconds a rank waits for its peers (start-up and each collective) before stopping with an error",
-    )
-    parser.add_argument(
         "--find-unused-parameters",
         action="store_true",
         help="for models with parameters that get no gradient in some steps (slower)",
-    )
-    parser.add_argument(
-        "--archive-max-gb",
-        type=float,
-        default=100.0,
-        help="refuse archives that declare more uncompressed data than this (zip bombs)",
     )
     parser.add_argument(
         "--extract-timeout",
@@ -144,9 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="seconds to wait for another process (or machine, on a shared filesystem) that is extracting the archive",
     )
-    # torch.distributed.launch passes --local-rank (or --local_rank on old versions);
-    # the LOCAL_RANK variable it also sets is what the code reads.
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    add_process_flags(parser)
     # What ModelArts passes to the boot file (platforms.py, README.md).
     modelarts = parser.add_argument_group("ModelArts")
     modelarts.add_argument("--data_url", help="the dataset: a folder of data, or a folder holding its archive")
@@ -197,11 +180,20 @@ def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--probabilities", action="store_true", help="add a column with the predicted class's probability"
     )
     parser.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass")
+    add_process_flags(parser)
+    return parser.parse_args(argv)
+
+
+def add_process_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags run.py and predict.py share: the device, the wait for the other processes, archive extraction."""
     parser.add_argument(
         "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"
     )
     parser.add_argument(
-        "--dist-timeout", type=float, default=1800.0, help="seconds a process waits for the others before stopping"
+        "--dist-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds a rank waits for its peers (start-up and each collective) before stopping with an error",
     )
     parser.add_argument(
         "--archive-max-gb",
@@ -209,8 +201,9 @@ def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=100.0,
         help="refuse archives that declare more uncompressed data than this (zip bombs)",
     )
+    # torch.distributed.launch passes --local-rank (or --local_rank on old versions);
+    # the LOCAL_RANK variable it also sets is what the code reads.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
 
 
 def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:

@@ -58,11 +58,12 @@ def write(
     output: str, names: list[str], labels: list[str], probabilities: list[float] | None, sample: str | None
 ) -> None:
     """The CSV, written whole to a temporary name first: `image,label` rows by image, or the sample's form."""
-    header, rows = HEADER, [[name, label] for name, label in zip(names, labels, strict=True)]
     if sample:
         header, order = sample_form(Path(sample), names)
         rows = [[_id(names[index]), labels[index]] for index in order]
         probabilities = [probabilities[index] for index in order] if probabilities else None
+    else:
+        header, rows = HEADER, [[name, label] for name, label in zip(names, labels, strict=True)]
     if probabilities:
         header = [*header, PROBABILITY]
         rows = [[*row, f"{probability:.4f}"] for row, probability in zip(rows, probabilities, strict=True)]
