@@ -337,3 +337,103 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
     assert first_two == pytest.approx([0.1, 0.05], rel=1e-4)  # the 2-epoch schedule it was started with
     assert last_two == pytest.approx(fresh[2:], rel=1e-4)
     assert min(last_two) > 0
+
+
+# ------------------------------------------------------------------ checkpoints move between GPUs and CPUs
+
+GPU1 = DistEnv(rank=0, local_rank=1, world_size=1, device="gpu:1")
+
+
+def generator_states(count: int) -> list:
+    """Stand-ins for GPU generator states: CPU generator states of distinct seeds (the same type)."""
+    states = []
+    for seed in range(count):
+        paddle.seed(100 + seed)
+        states.append(paddle.get_rng_state("cpu")[0])
+    return states
+
+
+def fake_gpus(monkeypatch, states: list) -> dict:
+    """paddle's GPU random-stream API, on a machine with len(states) GPUs; what is set is recorded."""
+    get, given = paddle.get_rng_state, {}
+
+    def get_rng_state(device=None):
+        return list(states) if device == "gpu" else get(device)
+
+    monkeypatch.setattr(paddle, "get_rng_state", get_rng_state)
+    set_ = paddle.set_rng_state
+    monkeypatch.setattr(
+        paddle, "set_rng_state", lambda s, device=None: given.update(gpu=s) if device == "gpu" else set_(s, device)
+    )
+    return given
+
+
+def test_a_gpu_run_saves_its_own_gpus_random_stream_only(tmp_path, monkeypatch):
+    states = generator_states(2)
+    fake_gpus(monkeypatch, states)
+    saver = build_checkpointer(tmp_path)
+    saver.env = GPU1
+
+    save_epoch(saver, 1, 0.5, True)
+
+    saved = paddle.load(str(tmp_path / "last.pdopt"))["rng"][0]["gpu"]
+    assert saved.current_seed() == states[1].current_seed()
+
+
+def test_a_resume_on_a_machine_with_another_number_of_gpus_sets_this_ranks_own_stream(tmp_path, monkeypatch):
+    saved_states = generator_states(2)
+    fake_gpus(monkeypatch, saved_states)
+    saver = build_checkpointer(tmp_path)
+    saver.env = GPU1
+    save_epoch(saver, 1, 0.5, True)
+    now = generator_states(4)  # the machine that resumes sees 4 GPUs
+    given = fake_gpus(monkeypatch, now)
+    resumer = build_checkpointer(tmp_path)
+    resumer.env = GPU1
+
+    assert resumer.resume("auto").epochs_done == 1
+
+    assert [state.current_seed() for state in given["gpu"]] == [
+        now[0].current_seed(), saved_states[1].current_seed(), now[2].current_seed(), now[3].current_seed()
+    ]  # fmt: skip
+
+
+def test_a_gpu_checkpoint_resumes_on_the_cpu(tmp_path, monkeypatch):
+    fake_gpus(monkeypatch, generator_states(2))
+    saver = build_checkpointer(tmp_path)
+    saver.env = GPU1
+    take_steps(saver)
+    save_epoch(saver, 2, 0.75, True)
+    monkeypatch.undo()
+
+    resumer = build_checkpointer(tmp_path)
+
+    assert resumer.resume("auto") == TrainingState(2, 0.75, EpochProgress())
+    assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
+
+
+def test_a_cpu_run_never_asks_for_gpu_random_streams(tmp_path, monkeypatch):
+    get, set_ = paddle.get_rng_state, paddle.set_rng_state
+    monkeypatch.setattr(
+        paddle, "get_rng_state", lambda device=None: get(device) if device == "cpu" else pytest.fail(device)
+    )
+    monkeypatch.setattr(
+        paddle, "set_rng_state", lambda s, device=None: set_(s, device) if device == "cpu" else pytest.fail(device)
+    )
+    saver = build_checkpointer(tmp_path)
+
+    save_epoch(saver, 1, 0.5, True)
+
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 1
+
+
+def test_a_checkpoint_without_loss_scaling_resumes_a_run_with_it_on_a_fresh_scaler(tmp_path):
+    saver = build_checkpointer(tmp_path)  # its scaler is off, as on a CPU or with --no-amp
+    save_epoch(saver, 1, 0.5, True)
+    assert paddle.load(str(tmp_path / "last.pdopt"))["scaler"] == {}
+    resumer = build_checkpointer(tmp_path)
+    resumer.scaler._enable = True  # as on a GPU (paddle turns a scaler off on the CPU)
+
+    assert resumer.resume("auto").epochs_done == 1
+
+    assert resumer.scaler._init_loss_scaling == paddle.amp.GradScaler(enable=False)._init_loss_scaling

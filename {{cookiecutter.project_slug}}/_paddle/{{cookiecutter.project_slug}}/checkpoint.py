@@ -111,7 +111,8 @@ class Checkpointer(CheckpointerBase):
             )
         model.set_state_dict(weights)
         self.optimizer.set_state_dict(state["optimizer"])
-        if self.scaler is not None and state["scaler"] is not None:
+        # A run without loss scaling (CPU, --no-amp) saved {}: the scaler starts afresh then.
+        if self.scaler is not None and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         return weights_path, state
 
@@ -124,12 +125,14 @@ class Checkpointer(CheckpointerBase):
         self.scheduler.last_lr = self.scheduler.get_lr()
 
     def _capture_rng(self) -> dict:
+        """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the
+        checkpoint resumes on a machine that sees another number of GPUs, or none."""
         name, keys, *rest = np.random.get_state()
         return {
             "python": random.getstate(),
             "numpy": (name, keys.tolist(), *rest),  # a list: paddle.save would turn the uint32 array into a tensor
             "paddle": paddle.get_rng_state("cpu"),
-            "gpu": paddle.get_rng_state("gpu") if distributed.gpu_available() else [],
+            "gpu": paddle.get_rng_state("gpu")[self._gpu_index()] if self.env.on_gpu else None,
         }
 
     def _restore_rng(self, state: dict) -> None:
@@ -137,8 +140,15 @@ class Checkpointer(CheckpointerBase):
         name, keys, *rest = state["numpy"]
         np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
         paddle.set_rng_state(state["paddle"], "cpu")
-        if state["gpu"] and distributed.gpu_available():
-            paddle.set_rng_state(state["gpu"], "gpu")
+        # A GPU stream saved on the CPU, or none saved on a GPU: that stream goes on from its seed.
+        if state["gpu"] is not None and self.env.on_gpu:
+            # paddle sets the streams of all visible GPUs at once: this rank changes its own only.
+            streams = paddle.get_rng_state("gpu")
+            streams[self._gpu_index()] = state["gpu"]
+            paddle.set_rng_state(streams, "gpu")
+
+    def _gpu_index(self) -> int:
+        return int(self.env.device.split(":")[1])  # "gpu:N", as setup() names this rank's GPU
 
 
 def read_weights(checkpoint: Path) -> tuple[dict, dict]:

@@ -273,3 +273,97 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
     assert first_two == pytest.approx([0.1, 0.05])  # the 2-epoch schedule it was started with
     assert last_two == pytest.approx(fresh[2:])
     assert min(last_two) > 0
+
+
+# ------------------------------------------------------------------ checkpoints move between GPUs and CPUs
+
+GPU1 = DistEnv(rank=0, local_rank=1, world_size=1, device=torch.device("cuda", 1))
+
+
+def gpu_written_checkpoint(tmp_path, monkeypatch) -> tuple:
+    """A checkpoint as a run on a machine's second GPU writes it: every tensor tagged for cuda:1, with that
+    GPU's random stream. (Written on the CPU: torch.save is told that each tensor lives on cuda:1.)"""
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+    save_epoch(saver, 2, 0.75, True)
+    state = load(tmp_path / "last.pt")
+    gpu_stream = torch.arange(16, dtype=torch.uint8)
+    state["rng"][0]["cuda"] = gpu_stream
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+        torch.save(state, tmp_path / "last.pt")
+    return saver, gpu_stream
+
+
+def test_a_checkpoint_written_on_a_gpu_resumes_on_a_machine_without_one(tmp_path, monkeypatch):
+    saver, _ = gpu_written_checkpoint(tmp_path, monkeypatch)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(tmp_path / "last.pt", weights_only=True)  # it really asks for a GPU where it is not mapped
+
+    resumer = build_checkpointer(tmp_path)
+
+    assert resumer.resume("auto") == TrainingState(2, 0.75, EpochProgress())
+    assert_same_tensors(resumer.model.state_dict(), saver.model.state_dict())
+    assert resumer.optimizer.state_dict()["state"], "momentum buffers are missing"
+
+
+def test_a_resume_on_a_gpu_reads_the_checkpoint_onto_the_cpu_and_gives_the_gpu_its_own_stream(tmp_path, monkeypatch):
+    _, gpu_stream = gpu_written_checkpoint(tmp_path, monkeypatch)
+    given = {}
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: given.update(state=state, device=device))
+    resumer = build_checkpointer(tmp_path)
+    resumer.env = GPU1  # the model stays on the CPU: what is tested is where the checkpoint's pieces go
+
+    assert resumer.resume("auto").epochs_done == 2
+
+    assert given["device"] == torch.device("cuda", 1)
+    assert given["state"].device.type == "cpu"  # the CUDA RNG API takes a CPU tensor
+    assert torch.equal(given["state"], gpu_stream)
+
+
+def test_a_gpu_run_saves_its_own_gpus_random_stream_only(tmp_path, monkeypatch):
+    own_stream = torch.arange(8, dtype=torch.uint8)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: own_stream if device == GPU1.device else None)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's stream was saved"))
+    saver = build_checkpointer(tmp_path)
+    saver.env = GPU1
+
+    save_epoch(saver, 1, 0.5, True)
+
+    assert torch.equal(load(tmp_path / "last.pt")["rng"][0]["cuda"], own_stream)
+
+
+def test_a_cpu_run_never_touches_cuda_when_it_saves_and_resumes(tmp_path, monkeypatch):
+    for name in ("is_available", "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "init"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, _name=name, **kwargs: pytest.fail(f"torch.cuda.{_name}()"))
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+
+    save_epoch(saver, 1, 0.5, True)
+
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 1
+    assert load(tmp_path / "last.pt")["rng"][0]["cuda"] is None
+
+
+def test_a_checkpoint_without_loss_scaling_resumes_a_run_with_it_on_a_fresh_scaler(tmp_path):
+    saver = build_checkpointer(tmp_path)  # its scaler is off, as on a CPU, with --no-amp or with bfloat16
+    save_epoch(saver, 1, 0.5, True)
+    assert load(tmp_path / "last.pt")["scaler"] == {}
+    resumer = build_checkpointer(tmp_path)
+    resumer.scaler = torch.amp.GradScaler("cpu", enabled=True)
+
+    assert resumer.resume("auto").epochs_done == 1
+
+    assert resumer.scaler.get_scale() == torch.amp.GradScaler("cpu", enabled=True).get_scale()
+
+
+def test_a_gpu_checkpoint_predicts_on_the_cpu(tmp_path, monkeypatch):
+    from {{ cookiecutter.project_slug }} import inference
+
+    saver, _ = gpu_written_checkpoint(tmp_path, monkeypatch)
+    monkeypatch.setattr(inference, "build_model", lambda num_classes, **options: nn.Linear(4, num_classes))
+    images = torch.randn(5, 4)
+
+    model = inference.load_for_inference(tmp_path / "last.pt", device="cpu")
+
+    assert inference.predict(model, images).tolist() == saver.model(images).argmax(dim=1).tolist()

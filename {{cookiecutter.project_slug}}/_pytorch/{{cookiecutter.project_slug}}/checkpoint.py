@@ -59,7 +59,7 @@ class Checkpointer(CheckpointerBase):
             if how == "auto":
                 return None
             raise UserError(f"checkpoint {path} not found: pass --resume auto, none, or an existing file")
-        checkpoint = _load_checkpoint(path, self.env.device)
+        checkpoint = _load_checkpoint(path)
         try:
             distributed.unwrap(self.model).load_state_dict(checkpoint["model"])
         except RuntimeError as error:
@@ -67,9 +67,10 @@ class Checkpointer(CheckpointerBase):
             raise UserError(
                 f"checkpoint {path} does not match the model ({detail}): use a new --output-dir for a new model"
             ) from None
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])  # moves its state to the parameters' device
         self.scheduler.load_state_dict(checkpoint["scheduler"])
-        if self.scaler is not None and checkpoint["scaler"] is not None:
+        # A run without loss scaling (CPU, --no-amp, bfloat16) saved {}: the scaler starts afresh then.
+        if self.scaler is not None and checkpoint["scaler"]:
             self.scaler.load_state_dict(checkpoint["scaler"])
         return path, checkpoint
 
@@ -86,27 +87,32 @@ class Checkpointer(CheckpointerBase):
             group["lr"] = base_lr * factor(scheduler.last_epoch)
 
     def _capture_rng(self) -> dict:
+        """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the
+        checkpoint resumes on a machine that sees another number of GPUs, or none."""
         numpy_state = np.random.get_state()
         return {
             "python": random.getstate(),
             "numpy": (numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "cuda": torch.cuda.get_rng_state(self.env.device) if self.env.on_gpu else None,
         }
 
     def _restore_rng(self, state: dict) -> None:
         random.setstate(state["python"])
         name, keys, *rest = state["numpy"]
         np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-        torch.set_rng_state(state["torch"].cpu())
-        if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        torch.set_rng_state(state["torch"])
+        # A GPU stream saved on the CPU, or none saved on a GPU: that stream goes on from its seed.
+        if state["cuda"] is not None and self.env.on_gpu:
+            torch.cuda.set_rng_state(state["cuda"], self.env.device)
 
 
-def _load_checkpoint(path: Path, device: torch.device) -> dict:
+def _load_checkpoint(path: Path) -> dict:
     try:
-        # weights_only: a checkpoint can hold tensors and plain data, never code.
-        state = torch.load(path, map_location=device, weights_only=True)
+        # weights_only: a checkpoint can hold tensors and plain data, never code. Onto the CPU: each piece goes
+        # where it belongs from there (load_state_dict() moves weights and optimizer state to the model's device),
+        # and a checkpoint written on GPUs loads on a machine without one.
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise UserError(
             f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): continue from another one "
