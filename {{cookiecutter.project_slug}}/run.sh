@@ -23,15 +23,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 export RUN_SCRIPT=${RUN_SCRIPT:-run.py} # the script each process runs: predict.sh starts predict.py this way
-
-count_gpus() {
-  if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
-    awk -F, '{ print ($0 == "" ? 0 : NF) }' <<<"$CUDA_VISIBLE_DEVICES"
-  elif command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true
-  else
-    echo 0
-  fi
+# python3: bare GPU server images have no `python`; a venv or conda environment first on the PATH has both.
+PYTHON=$(command -v python3 || command -v python) || {
+  echo "error: neither python3 nor python is on the PATH: install Python 3, or activate its environment" >&2
+  exit 1
 }
 
 # The platform's word and the variables above give NNODES, NODE_RANK (unset where the master numbers the
@@ -39,7 +34,7 @@ count_gpus() {
 # MASTER_PORT (unset: a free one), OUTPUT_DIR (run.py's output folder, decided where run.py decides it)
 # and the line `found`; or one error line, and exit status 1. A bad argument stops here too.
 found=""
-layout=$(VISIBLE_GPUS=$(count_gpus) python -m {{ cookiecutter.project_slug }}.platforms "$@") || exit
+layout=$("$PYTHON" -m {{ cookiecutter.project_slug }}.platforms "$@") || exit
 eval "$layout"
 echo "$found"
 {%- if cookiecutter.nodes == "multi" %}
@@ -65,19 +60,19 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / NPROC_PER_NODE > 0 ? cores 
 # {{ cookiecutter.project_slug }}/launcher.py runs {{ "torchrun" if cookiecutter.launcher == "torchrun" else "torch.distributed.launch" }} itself, and ends a failed job with one line.
 {%- endif %}
 {%- if cookiecutter.launcher == "torchrun" %}
-command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
+command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  command=(python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK"
+  command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK"
     --nproc_per_node="$NPROC_PER_NODE" --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"
     --rdzv-conf timeout="$JOIN_TIMEOUT" "$RUN_SCRIPT" "$@")
 fi
 {%- endif %}
 {%- elif cookiecutter.launcher == "launch" and cookiecutter.framework == "pytorch" %}
-command=(python -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
+command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc-per-node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
-  command=(python -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node-rank="$NODE_RANK"
+  command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node-rank="$NODE_RANK"
     --nproc-per-node="$NPROC_PER_NODE" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT"
     --rdzv-conf timeout="$JOIN_TIMEOUT" "$RUN_SCRIPT" "$@")
 fi
@@ -90,7 +85,7 @@ if ((NNODES > 1)); then
   export NODE_RANK MASTER_ADDR MASTER_PORT
 fi
 {%- endif %}
-command=(python "$RUN_SCRIPT" "$@")
+command=("$PYTHON" "$RUN_SCRIPT" "$@")
 {%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
 # {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
 # to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's output folder
@@ -110,7 +105,7 @@ fi
 {%- endif %}
 # {{ cookiecutter.project_slug }}/launcher.py runs paddle.distributed.launch{{ " (what fleetrun runs too)" if cookiecutter.launcher == "fleetrun" }} in-process{{ ", and gives up after JOIN_TIMEOUT" if cookiecutter.nodes == "multi" }}.
 # paddle's import warns that ccache, used only to compile C++ extensions, is missing; run.py hides it for the workers.
-command=(python -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" "$RUN_SCRIPT" "$@")
+command=("$PYTHON" -W "ignore:No ccache found" -m {{ cookiecutter.project_slug }}.launcher "${launch_args[@]}" --log_dir "$log_dir" "$RUN_SCRIPT" "$@")
 {%- endif %}
 if [[ ${DRY_RUN:-} == 1 ]]; then
   echo "would run: ${command[*]@Q}"
@@ -120,7 +115,7 @@ fi
 
 # Script-task platforms start from a bare image: install once per machine, before any process starts.
 echo "installing requirements.txt ..."
-if ! python -m pip install --quiet --disable-pip-version-check -r requirements.txt; then
+if ! "$PYTHON" -m pip install --quiet --disable-pip-version-check -r requirements.txt; then
   echo "error: pip install -r requirements.txt failed (see pip's message above); fix requirements.txt or the package index" >&2
   exit 1
 fi

@@ -8,6 +8,15 @@ import sys
 STOPPED_STATUS = 143
 
 
+def more_processes_than_gpus(processes: int, gpus: int) -> str:
+    """The line for a machine that would run more processes than it has GPUs, each needing its own."""
+    return (
+        f"{processes} processes on this machine, but it has {gpus} visible GPU{'s' if gpus != 1 else ''}, and each "
+        f"process needs its own: start at most {gpus} (NPROC_PER_NODE={gpus}), make more GPUs visible "
+        "(CUDA_VISIBLE_DEVICES), or train on the CPU with --device cpu"
+    )
+
+
 class UserError(Exception):
     """Bad input or environment; the job stops with this message as one line.
 

@@ -12,14 +12,17 @@ that run.sh evaluates, or one `error:` line, exit status 1. The platform is the 
     none          this machine alone
 
 A user who sets NNODES describes the job alone (no detection); NODE_RANK, MASTER_ADDR, MASTER_PORT and
-NPROC_PER_NODE set by the user override just their own value. The standard library only: no framework.
+NPROC_PER_NODE set by the user override just their own value. The standard library only: the framework is
+imported only to count the GPUs of a machine that has an NVIDIA driver.
 """
 
 import ipaddress
 import os
 import re
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from .errors import more_processes_than_gpus
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -238,6 +242,25 @@ def decide(
     if not layout.master_addr:
         raise PlatformError(f"{layout.platform} names no master for its {layout.nnodes} machines: set MASTER_ADDR")
     return layout
+
+
+def visible_gpus() -> int:
+    """The GPUs this machine's processes may use, as the framework counts them (CUDA_VISIBLE_DEVICES applied)."""
+    driver = any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/dxg")) or shutil.which("nvidia-smi")
+    if not driver:
+        return 0  # no NVIDIA driver here: importing the framework to count no GPU would only slow the start
+    try:
+        from . import distributed
+    except ImportError:  # not installed yet (install_requirements=yes installs it after this): ask the driver
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+        return sum(line.startswith("GPU ") for line in listed.splitlines())
+    return distributed.gpu_count()
+
+
+def check_gpus(nproc: int, gpus: int, device: str) -> None:
+    """With --device auto or gpu each process of a machine with GPUs takes its own: refuse more processes."""
+    if device != "cpu" and 0 < gpus < nproc:
+        raise PlatformError(more_processes_than_gpus(nproc, gpus))
 
 
 def number(name: str, text: str, minimum: int = 0) -> int:
@@ -459,12 +482,16 @@ def main(argv: list[str]) -> None:
     sys.argv[0] = script  # whose flags these are, in argparse's messages
     # A bad flag stops here, before any process starts.
     if script == "predict.py":
-        output_dir = str(Path(cli.parse_predict_args(argv).output).resolve().parent)  # where its CSV goes
+        args = cli.parse_predict_args(argv)
+        output_dir = str(Path(args.output).resolve().parent)  # where its CSV goes
     else:
-        output_dir = cli.parse_args(argv, quiet=True).output_dir
+        args = cli.parse_args(argv, quiet=True)
+        output_dir = args.output_dir
     env = os.environ
     try:
-        layout = decide(env, int(env.get("VISIBLE_GPUS", "0") or 0))
+        gpus = visible_gpus()
+        layout = decide(env, gpus)
+        check_gpus(layout.nproc, gpus, args.device)
         master_ip = layout.master_addr
         if layout.nnodes > 1:
             master_ip = resolve(layout.master_addr, join_timeout(env))

@@ -1,5 +1,6 @@
 """Who starts the processes: run.py spawns them itself only with the spawn launcher, and only once."""
 
+import argparse
 import logging
 import os
 import subprocess
@@ -77,10 +78,11 @@ def test_run_py_spawns_its_processes_only_when_no_launcher_did(clean_env, launch
     clean_env.setattr(distributed.dist, "spawn", spawn)
     clean_env.setattr(distributed.signal, "signal", lambda signum, handler: None)  # pytest keeps its own
 
-    distributed.launch(lambda args: ran_here.append(args), "args")
+    args = argparse.Namespace(device="auto")
+    distributed.launch(lambda args: ran_here.append(args), args)
 
     assert spawned == ([2] if spawns else [])
-    assert ran_here == ([] if spawns else ["args"])
+    assert ran_here == ([] if spawns else [args])
 
 
 FLEET_RANK = """

@@ -28,7 +28,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from .errors import STOPPED_STATUS, UserError
+from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
 
@@ -58,7 +58,19 @@ def read_ranks() -> tuple[int, int, int]:
 
 
 def gpu_available() -> bool:
-    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    return gpu_count() > 0
+
+
+def gpu_count() -> int:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied); 0 with a CPU build of paddle."""
+    return paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
+
+
+def check_gpus_for(nproc: int, device: str) -> None:
+    """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
+    gpus = gpu_count() if device != "cpu" else 0
+    if 0 < gpus < nproc:
+        raise UserError(more_processes_than_gpus(nproc, gpus))
 
 
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
@@ -68,8 +80,15 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         raise UserError(
             "--device gpu was asked for, but paddle sees no GPU (is paddlepaddle-gpu installed?): use --device cpu or auto"
         )
-    # The launcher gives each process its GPU in FLAGS_selected_gpus; without this every rank would use GPU 0.
-    this_device = f"gpu:{dist.ParallelEnv().device_id}" if device != "cpu" and gpu_available() else "cpu"
+    this_device = "cpu"
+    if device != "cpu" and gpu_available():
+        # The launcher gives each process its GPU in FLAGS_selected_gpus (what paddle's ParallelEnv reads);
+        # without this every rank would use GPU 0.
+        index = int(os.environ.get("FLAGS_selected_gpus", str(local_rank)).split(",")[0])
+        if index >= gpu_count():  # more processes than GPUs
+            processes = int(os.environ.get("PADDLE_LOCAL_SIZE", local_rank + 1))
+            raise UserError(more_processes_than_gpus(processes, gpu_count()), shown=index == gpu_count())
+        this_device = f"gpu:{index}"
     paddle.set_device(this_device)
     if world_size > 1:
         if this_device == "cpu":
@@ -192,10 +211,14 @@ def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:
 
 def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
-    nproc = int(os.environ.get("NPROC_PER_NODE", paddle.device.cuda.device_count() or 1))
+    nproc = int(os.environ.get("NPROC_PER_NODE", gpu_count() or 1))
     if LAUNCHER != "spawn" or nproc == 1 or launched_as_rank():
         worker(args)
         return
+    try:
+        check_gpus_for(nproc, args.device)
+    except UserError as error:
+        sys.exit(f"error: {error}")
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
     logging.getLogger().setLevel(logging.WARNING)
     with warnings.catch_warnings():

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from .errors import STOPPED_STATUS, UserError
+from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
 
@@ -56,6 +56,18 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
+def gpu_count() -> int:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied), asked of NVML: CUDA is not initialised."""
+    return torch.cuda.device_count()
+
+
+def check_gpus_for(nproc: int, device: str) -> None:
+    """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
+    gpus = gpu_count() if device != "cpu" else 0
+    if 0 < gpus < nproc:
+        raise UserError(more_processes_than_gpus(nproc, gpus))
+
+
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
@@ -63,6 +75,9 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
     use_gpu = device != "cpu" and gpu_available()
     if use_gpu:
+        if local_rank >= gpu_count():  # started by torchrun or srun with more processes than GPUs
+            processes = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+            raise UserError(more_processes_than_gpus(processes, gpu_count()), shown=local_rank == gpu_count())
         # Without this every rank would allocate on GPU 0.
         torch.cuda.set_device(local_rank)
         this_device = torch.device("cuda", local_rank)
@@ -134,11 +149,15 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
-    nproc = int(os.environ.get("NPROC_PER_NODE", torch.cuda.device_count() or 1))
+    nproc = int(os.environ.get("NPROC_PER_NODE", gpu_count() or 1))
     nnodes = int(os.environ.get("NNODES", 1))
     if LAUNCHER != "spawn" or nproc * nnodes == 1 or launched_as_rank():
         worker(args)
         return
+    try:
+        check_gpus_for(nproc, args.device)
+    except UserError as error:
+        sys.exit(f"error: {error}")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # One machine: any free port. Several: the port all machines were told (run.sh's default too).
     os.environ.setdefault("MASTER_PORT", str(_free_port()) if nnodes == 1 else "29500")

@@ -1,0 +1,152 @@
+"""Processes and GPUs, decided without a GPU: the GPU count is a function these tests give other answers."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.project_slug }} import distributed, notebook, platforms
+from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.settings import FRAMEWORK
+
+# Imported first by every Python process started with this folder on PYTHONPATH: the framework then counts
+# GPUS GPUs (and says it can use them), as on a GPU machine.
+FAKE_GPUS = {
+    "pytorch": "import os, torch\ntorch.cuda.device_count = lambda: int(os.environ['FAKE_GPUS'])\n",
+    "paddle": "import os, warnings\nwarnings.filterwarnings('ignore', 'No ccache found')\nimport paddle\npaddle.device.is_compiled_with_cuda = lambda: True\n"
+    "paddle.device.cuda.device_count = lambda: int(os.environ['FAKE_GPUS'])\n",
+}[FRAMEWORK]
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Give this process `count` GPUs that the framework can use."""
+
+    def machine_with(count: int) -> None:
+        monkeypatch.setattr(distributed, "gpu_count", lambda: count)
+        monkeypatch.setattr(distributed, "gpu_available", lambda: count > 0)
+
+    return machine_with
+
+
+@pytest.fixture
+def gpu_machine(tmp_path) -> dict:
+    """The environment of a command that runs on a machine with an NVIDIA driver and FAKE_GPUS GPUs."""
+    fake = tmp_path / "fake_gpus"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(FAKE_GPUS)
+    smi = fake / "nvidia-smi"  # the driver's tool: run.sh then asks the framework for the count
+    smi.write_text("#!/bin/sh\necho 'GPU 0: fake'\n")
+    smi.chmod(0o755)
+    return {
+        "PATH": f"{fake}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": f"{fake}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+
+
+def run_sh(project_root, script: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k not in ("NPROC_PER_NODE", "CUDA_VISIBLE_DEVICES")}
+    return subprocess.run(
+        ["bash", script, *args], cwd=project_root, env={**environment, **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ["run.sh", "predict.sh"])
+def test_more_processes_than_gpus_stops_run_sh_with_one_line_before_anything_starts(
+    script, project_root, gpu_machine, tmp_path
+):
+    args = ["--output-dir", str(tmp_path / "out")] if script == "run.sh" else ["--input", str(tmp_path)]
+    result = run_sh(project_root, script, {**gpu_machine, "FAKE_GPUS": "1", "NPROC_PER_NODE": "2"}, *args)
+
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: 2 processes on this machine, but it has 1 visible GPU")
+    assert all(way in lines[0] for way in ("NPROC_PER_NODE=1", "CUDA_VISIBLE_DEVICES", "--device cpu"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_with_device_cpu_any_number_of_processes_may_share_a_gpu_machine(project_root, gpu_machine):
+    env = {**gpu_machine, "FAKE_GPUS": "1", "NPROC_PER_NODE": "3", "DRY_RUN": "1"}
+    result = run_sh(project_root, "run.sh", env, "--device", "cpu")
+
+    assert result.returncode == 0, result.stderr
+    assert "3 processes per machine" in result.stdout
+
+
+def test_processes_per_machine_default_to_the_gpus_the_framework_counts(project_root, gpu_machine):
+    result = run_sh(project_root, "run.sh", {**gpu_machine, "FAKE_GPUS": "4", "DRY_RUN": "1"})
+
+    assert result.returncode == 0, result.stderr
+    assert "4 processes per machine" in result.stdout
+
+
+def test_run_sh_runs_where_only_python3_is_on_the_path(project_root, tmp_path):
+    bin_dir = tmp_path / "bin"  # python3, bash and the tools run.sh uses; no `python`
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    for tool in ("bash", "nproc", "dirname", "cat", "rm", "tail", "grep", "hostname"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    assert shutil.which("python", path=str(bin_dir)) is None
+
+    result = run_sh(project_root, "run.sh", {"PATH": str(bin_dir), "DRY_RUN": "1"})
+
+    assert result.returncode == 0, result.stderr
+    assert "would run:" in result.stdout and "python3" in result.stdout
+
+
+@pytest.mark.parametrize("nproc, count, device", [(2, 1, "auto"), (3, 2, "gpu"), (9, 8, "auto")])
+def test_the_platform_step_refuses_more_processes_than_gpus(nproc, count, device):
+    with pytest.raises(platforms.PlatformError, match=f"{nproc} processes on this machine, but it has {count} visible"):
+        platforms.check_gpus(nproc, count, device)
+
+
+@pytest.mark.parametrize("nproc, count, device", [(2, 0, "auto"), (2, 1, "cpu"), (8, 8, "auto"), (1, 1, "gpu")])
+def test_the_platform_step_allows_one_gpu_each_or_no_gpu(nproc, count, device):
+    platforms.check_gpus(nproc, count, device)
+
+
+def test_a_machine_without_an_nvidia_driver_counts_no_gpu_without_asking_the_framework(monkeypatch):
+    monkeypatch.setattr(platforms.Path, "exists", lambda self: False)
+    monkeypatch.setattr(platforms.shutil, "which", lambda name: None)
+    monkeypatch.setattr(distributed, "gpu_count", lambda: pytest.fail("the framework was asked"))
+
+    assert platforms.visible_gpus() == 0
+
+
+def test_a_rank_started_without_a_gpu_of_its_own_stops_with_the_same_line(gpus, monkeypatch):
+    gpus(1)  # torchrun or srun started 2 ranks on a machine with 1 GPU, without run.sh
+    ranks = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    paddle_ranks = {"PADDLE_TRAINER_ID": "1", "PADDLE_LOCAL_RANK": "1", "PADDLE_TRAINERS_NUM": "2"}
+    for name, value in {**ranks, **paddle_ranks, "FLAGS_selected_gpus": "1", "PADDLE_LOCAL_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(UserError, match="2 processes on this machine, but it has 1 visible GPU"):
+        distributed.setup("auto", timeout_s=5)
+
+
+def test_the_spawn_launcher_refuses_more_processes_than_gpus_before_it_starts_any(gpus, monkeypatch, capsys):
+    gpus(1)
+    monkeypatch.setattr(distributed, "LAUNCHER", "spawn")
+    monkeypatch.setenv("NPROC_PER_NODE", "2")
+    for name in ("LOCAL_RANK", "PADDLE_TRAINER_ID", "SLURM_NTASKS", "NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    args = type("Args", (), {"device": "auto"})()
+
+    with pytest.raises(SystemExit) as exited:
+        distributed.launch(lambda args: pytest.fail("a rank started"), args)
+
+    assert str(exited.value.code).startswith("error: 2 processes on this machine, but it has 1 visible GPU")
+
+
+def test_notebook_launch_refuses_more_processes_than_gpus_before_it_starts_any(gpus, monkeypatch):
+    gpus(1)
+    monkeypatch.setattr(notebook, "_Ranks", lambda *args: pytest.fail("ranks started"))
+
+    with pytest.raises(UserError, match="2 processes on this machine, but it has 1 visible GPU"):
+        notebook.launch(["--synthetic"], nproc=2, train=print)
