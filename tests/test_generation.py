@@ -21,6 +21,7 @@ SHARED_PACKAGE = {
     "platforms",
     "notebook",
     "submission",
+    "hardware",
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -47,6 +48,7 @@ SHARED_TESTS = {
     "test_notebook.py",
     "test_tracking.py",
     "test_predict.py",
+    "test_gpus.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},

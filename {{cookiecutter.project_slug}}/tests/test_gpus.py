@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import distributed, notebook, platforms
+from {{ cookiecutter.project_slug }} import distributed, hardware, notebook, platforms
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.settings import FRAMEWORK
 
@@ -112,8 +112,8 @@ def test_the_platform_step_allows_one_gpu_each_or_no_gpu(nproc, count, device):
 
 
 def test_a_machine_without_an_nvidia_driver_counts_no_gpu_without_asking_the_framework(monkeypatch):
-    monkeypatch.setattr(platforms.Path, "exists", lambda self: False)
-    monkeypatch.setattr(platforms.shutil, "which", lambda name: None)
+    monkeypatch.setattr(hardware.Path, "exists", lambda self: False)
+    monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
     monkeypatch.setattr(distributed, "gpu_count", lambda: pytest.fail("the framework was asked"))
 
     assert platforms.visible_gpus() == 0
@@ -150,3 +150,68 @@ def test_notebook_launch_refuses_more_processes_than_gpus_before_it_starts_any(g
 
     with pytest.raises(UserError, match="2 processes on this machine, but it has 1 visible GPU"):
         notebook.launch(["--synthetic"], nproc=2, train=print)
+
+
+OUT_OF_MEMORY_MODEL = {
+    "pytorch": "torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity')",
+    "paddle": "MemoryError('ResourceExhaustedError: Out of memory error on GPU 0. Cannot allocate 20.000000GB memory')",
+}[FRAMEWORK]
+
+
+def test_running_out_of_gpu_memory_is_one_line_naming_the_flags_that_lower_it(project_root, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    model_py = project / "{{ cookiecutter.project_slug }}" / "model.py"
+    model_py.write_text(
+        model_py.read_text()
+        + f"\n\n_build_model = build_model\n\n\ndef build_model(num_classes, channels=3):  # noqa: F811\n"
+        f"    network = _build_model(num_classes, channels)\n\n    def full(*args):\n        raise {OUT_OF_MEMORY_MODEL}\n\n"
+        "    register = getattr(network, 'register_forward_post_hook', None) or network.register_forward_hook\n"
+        "    register(full)\n    return network\n"
+    )
+    command = [sys.executable, "run.py", "--synthetic", "--epochs", "1", "--device", "cpu"]
+
+    result = subprocess.run(
+        [*command, "--output-dir", str(tmp_path / "out")], cwd=project, capture_output=True, text=True, timeout=120
+    )
+
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if line.strip() and "ccache" not in line]
+    assert line.startswith("error: out of memory (") and "GPU 0" in line, result.stderr
+    assert all(flag in line for flag in ("--batch-size", "--grad-accum", "--global-batch-size"))
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def driver_without_usable_gpus(monkeypatch):
+    """An NVIDIA driver shows GPUs, but the installed framework (here: a CPU build) cannot use them."""
+    monkeypatch.setattr(distributed.hardware, "nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(distributed, "gpu_available", lambda: False)
+    monkeypatch.setattr(distributed, "gpu_count", lambda: 0)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_device_gpu_with_gpus_the_framework_cannot_use_is_one_line_saying_why(driver_without_usable_gpus, monkeypatch):
+    if FRAMEWORK == "pytorch":
+        monkeypatch.setattr(distributed.torch.version, "cuda", None)
+    else:
+        monkeypatch.setattr(distributed.paddle.device, "is_compiled_with_cuda", lambda: False)
+
+    with pytest.raises(UserError, match="--device gpu: this .* is a CPU build: install "):
+        distributed.setup("gpu")
+
+
+def test_device_auto_says_why_it_trains_on_the_cpu_where_gpus_cannot_be_used(driver_without_usable_gpus, capsys):
+    env = distributed.setup("auto")
+
+    assert not env.on_gpu
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("warning: ") and line.endswith("; training on the CPU")
+
+
+def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(monkeypatch, capsys):
+    monkeypatch.setattr(distributed.hardware, "nvidia_driver_present", lambda: False)
+
+    assert not distributed.setup("auto").on_gpu
+    assert capsys.readouterr().err == ""

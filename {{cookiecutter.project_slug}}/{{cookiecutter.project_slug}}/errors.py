@@ -28,6 +28,28 @@ class UserError(Exception):
         self.shown = shown
 
 
+def out_of_memory_is_a_user_error(out_of_memory: type[BaseException]):
+    """Decorate a training or evaluation pass: the framework's `out_of_memory` error becomes one line that
+    names the flags which lower the memory a step needs."""
+
+    def decorate(function):
+        @functools.wraps(function)
+        def explained(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except out_of_memory as error:
+                what = next((line.strip() for line in str(error).splitlines() if line.strip()), "out of memory")
+                raise UserError(
+                    f"out of memory ({what[:160]}): lower --batch-size (per process), and raise --grad-accum to keep "
+                    "the global batch, or give --global-batch-size G and a smaller --batch-size (the accumulation "
+                    "steps follow)"
+                ) from None
+
+        return explained
+
+    return decorate
+
+
 def explain_user_errors(train):
     """Wrap train(args): a UserError ends this process with its one-line message and exit status 1."""
 

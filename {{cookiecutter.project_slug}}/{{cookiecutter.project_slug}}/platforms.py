@@ -20,7 +20,6 @@ import ipaddress
 import os
 import re
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from . import hardware
 from .errors import more_processes_than_gpus
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -246,8 +246,7 @@ def decide(
 
 def visible_gpus() -> int:
     """The GPUs this machine's processes may use, as the framework counts them (CUDA_VISIBLE_DEVICES applied)."""
-    driver = any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/dxg")) or shutil.which("nvidia-smi")
-    if not driver:
+    if not hardware.nvidia_driver_present():
         return 0  # no NVIDIA driver here: importing the framework to count no GPU would only slow the start
     try:
         from . import distributed

@@ -28,6 +28,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
+from . import hardware
 from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
@@ -66,6 +67,18 @@ def gpu_count() -> int:
     return paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
 
 
+def gpu_problem() -> str | None:
+    """Why this paddle cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
+    if gpu_available() or not hardware.nvidia_driver_present():
+        return None
+    if not paddle.device.is_compiled_with_cuda():
+        return f"this paddle {paddle.__version__} is a CPU build: install paddlepaddle-gpu for your CUDA (README.md)"
+    return (
+        f"paddle {paddle.__version__}, built for CUDA {paddle.version.cuda()}, cannot use the GPUs the NVIDIA driver "
+        "shows (a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
+    )
+
+
 def check_gpus_for(nproc: int, device: str) -> None:
     """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
     gpus = gpu_count() if device != "cpu" else 0
@@ -76,10 +89,11 @@ def check_gpus_for(nproc: int, device: str) -> None:
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
+    problem = gpu_problem() if device != "cpu" else None
     if device == "gpu" and not gpu_available():
-        raise UserError(
-            "--device gpu was asked for, but paddle sees no GPU (is paddlepaddle-gpu installed?): use --device cpu or auto"
-        )
+        raise UserError(f"--device gpu: {problem or 'paddle sees no GPU'}; or use --device cpu or auto")
+    if problem and local_rank == 0:
+        print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
     this_device = "cpu"
     if device != "cpu" and gpu_available():
         # The launcher gives each process its GPU in FLAGS_selected_gpus (what paddle's ParallelEnv reads);

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from . import hardware
 from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
@@ -61,6 +62,18 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def gpu_problem() -> str | None:
+    """Why this torch cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
+    if gpu_available() or not hardware.nvidia_driver_present():
+        return None
+    if torch.version.cuda is None:
+        return f"this torch {torch.__version__} is a CPU build: install a CUDA build of torch (README.md, Installing)"
+    return (
+        f"torch {torch.__version__}, built for CUDA {torch.version.cuda}, cannot use the GPUs the NVIDIA driver shows "
+        "(a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
+    )
+
+
 def check_gpus_for(nproc: int, device: str) -> None:
     """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
     gpus = gpu_count() if device != "cpu" else 0
@@ -71,8 +84,11 @@ def check_gpus_for(nproc: int, device: str) -> None:
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
+    problem = gpu_problem() if device != "cpu" else None
     if device == "gpu" and not gpu_available():
-        raise UserError("--device gpu was asked for, but no CUDA GPU is visible: use --device cpu or auto")
+        raise UserError(f"--device gpu: {problem or 'no CUDA GPU is visible'}; or use --device cpu or auto")
+    if problem and local_rank == 0:
+        print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
     use_gpu = device != "cpu" and gpu_available()
     if use_gpu:
         if local_rank >= gpu_count():  # started by torchrun or srun with more processes than GPUs

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
+from .errors import out_of_memory_is_a_user_error
 from .logs import optimizer_step, progress_bar
 from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
@@ -24,6 +25,7 @@ from .tracking import Tracker
 log = logging.getLogger(__name__)
 
 
+@out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
@@ -75,6 +77,7 @@ def train_one_epoch(
     return {"loss": total_loss / total_seen, "samples": int(total_seen) - sampler.padding, "lr": lr}
 
 
+@out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
 def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
     """Loss and accuracy over the whole validation set, each sample counted once across ranks."""
