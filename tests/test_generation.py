@@ -49,6 +49,7 @@ SHARED_TESTS = {
     "test_tracking.py",
     "test_predict.py",
     "test_gpus.py",
+    "test_global_batch.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},

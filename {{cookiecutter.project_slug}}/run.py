@@ -33,6 +33,7 @@ def train(args) -> None:
         # build_model() gets the data's channels (--channels) if it takes them.
         data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
         network = build_model(num_classes, **images.model_options(build_model, data))
+        network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = distributed.wrap_model(network, env, args.find_unused_parameters)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(model, args.lr)
@@ -44,6 +45,7 @@ def train(args) -> None:
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
         state = checkpoints.resume(args.resume, args.init_from)
+        args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,

@@ -108,7 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(1, 3),
         help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)",
     )
-    parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    batches = parser.add_mutually_exclusive_group()
+    batches.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    batches.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        metavar="G",
+        help="keep the global batch at G on any number of processes: the accumulation steps are G / (--batch-size x "
+        "world size), which must be whole; a resumed run keeps the G it was started with",
+    )
+    parser.add_argument(
+        "--sync-bn",
+        action="store_true",
+        help="batch normalisation over the global batch (synchronised across processes; GPUs only)",
+    )
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
     parser.add_argument("--workers", type=non_negative_int, default=0, help="data-loading worker processes per rank")
     parser.add_argument("--log-every", type=positive_int, default=50, help="steps between loss log lines")

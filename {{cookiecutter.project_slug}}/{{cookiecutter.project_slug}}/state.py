@@ -34,6 +34,33 @@ class TrainingState:
     epochs_done: int = 0
     best_acc: float = 0.0
     progress: EpochProgress = field(default_factory=EpochProgress)
+    global_batch_size: int | None = None  # --global-batch-size of the run: kept by a resume on another world size
+    grad_accum: int = 1  # the accumulation steps the run trains with
+
+    def plan_batches(self, batch_size: int, world_size: int, grad_accum: int, global_batch_size: int | None) -> int:
+        """The accumulation steps of this run: --grad-accum, or those that make the global batch G of --batch-size
+        on `world_size` processes, G being --global-batch-size, or the one of the run this one resumes."""
+        target = global_batch_size or self.global_batch_size
+        steps = grad_accum
+        if target is not None:
+            per_step = batch_size * world_size
+            if target % per_step:
+                raise UserError(
+                    f"--global-batch-size {target} is not a multiple of --batch-size {batch_size} x {world_size} "
+                    f"process(es) = {per_step}: choose a global batch that is, or another --batch-size"
+                )
+            steps = target // per_step
+            if global_batch_size and self.global_batch_size not in (None, global_batch_size):
+                log.info(
+                    "--global-batch-size %d replaces the resumed run's %d", global_batch_size, self.global_batch_size
+                )
+            elif self.global_batch_size and steps != self.grad_accum:
+                log.info(
+                    "global batch %d kept on %d process(es) of batch %d: %d accumulation steps (were %d)",
+                    target, world_size, batch_size, steps, self.grad_accum,
+                )  # fmt: skip
+        self.global_batch_size, self.grad_accum = target, steps
+        return steps
 
     def finish_epoch(self, epoch: int, val_acc: float) -> bool:
         """Record a finished epoch; True when its accuracy is the best so far (ties keep the earlier best)."""
@@ -124,6 +151,8 @@ class CheckpointerBase:
                 "rng": [rng for rng, _ in per_rank],
                 "progress": [progress for _, progress in per_rank],
                 "data": self.data,
+                "global_batch_size": state.global_batch_size,
+                "grad_accum": state.grad_accum,
             }
             self._write(training, is_best)
 
@@ -142,7 +171,9 @@ class CheckpointerBase:
             log.info("resumed from %s (epoch %d, step %d)", path, saved["epoch"] + 1, progress.step)
         else:
             log.info("resumed from %s (epoch %d)", path, saved["epoch"])
-        return TrainingState(saved["epoch"], saved["best_acc"], progress)
+        return TrainingState(
+            saved["epoch"], saved["best_acc"], progress, saved.get("global_batch_size"), saved.get("grad_accum", 1)
+        )
 
 
 def _shape(tensor) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, fit, images, loaders, logs, platforms, preemption, tracking
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
-from {{ cookiecutter.project_slug }}.errors import explain_user_errors
+from {{ cookiecutter.project_slug }}.errors import explain_user_errors, out_of_memory_is_a_user_error
 from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
 
 
@@ -34,16 +34,19 @@ def train(args) -> None:
         # build_model() gets the data's channels (--channels) if it takes them.
         data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
         network = build_model(num_classes, **images.model_options(build_model, data))
+        network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = fit.paddle_model(network)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         use_amp = args.amp and env.on_gpu
-        model.prepare(optimizer, fit.accumulated_loss(args.grad_accum), amp_configs="O1" if use_amp else None)
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler, data=data)
         state = checkpoints.resume(args.resume, args.init_from)
+        args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
+        # (After the resume: the accumulation steps may be the checkpoint's.)
+        model.prepare(optimizer, fit.accumulated_loss(args.grad_accum), amp_configs="O1" if use_amp else None)
         global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
@@ -67,7 +70,8 @@ def train(args) -> None:
                 epoch_end = fit.EpochEnd(
                     train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker
                 )
-                model.fit(
+                # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
+                out_of_memory_is_a_user_error(MemoryError)(model.fit)(
                     train_loader, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
                     accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_per_epoch(), epoch_end],
                 )  # fmt: skip

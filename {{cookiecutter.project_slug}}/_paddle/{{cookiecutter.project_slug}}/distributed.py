@@ -32,6 +32,8 @@ from . import hardware
 from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -172,6 +174,24 @@ def all_gather_object(obj) -> list:
     gathered = []
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def sync_batch_norm(model: paddle.nn.Layer, env: DistEnv, enabled: bool) -> paddle.nn.Layer:
+    """--sync-bn: the model's batch normalisation computed over the global batch, on several GPU processes.
+
+    The framework's synchronised layer has no CPU kernel: on CPUs each process goes on normalising its own
+    batch, and the log says so.
+    """
+    if not enabled or env.world_size == 1:
+        return model
+    if not env.on_gpu:
+        _log.info(
+            "--sync-bn: synchronised batch norm runs on GPUs only; on the CPU each process normalises its own batch"
+        )
+        return model
+    layers = sum(isinstance(layer, paddle.nn.layer.norm._BatchNormBase) for layer in model.sublayers())
+    _log.info("--sync-bn: %d batch-norm layer(s) synchronised across %d processes", layers, env.world_size)
+    return paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:

@@ -23,6 +23,8 @@ from . import hardware
 from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -142,6 +144,24 @@ def all_gather_object(obj) -> list:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def sync_batch_norm(model: torch.nn.Module, env: DistEnv, enabled: bool) -> torch.nn.Module:
+    """--sync-bn: the model's batch normalisation computed over the global batch, on several GPU processes.
+
+    The framework's synchronised layer has no CPU kernel: on CPUs each process goes on normalising its own
+    batch, and the log says so.
+    """
+    if not enabled or env.world_size == 1:
+        return model
+    if not env.on_gpu:
+        _log.info(
+            "--sync-bn: synchronised batch norm runs on GPUs only; on the CPU each process normalises its own batch"
+        )
+        return model
+    layers = sum(isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) for layer in model.modules())
+    _log.info("--sync-bn: %d batch-norm layer(s) synchronised across %d processes", layers, env.world_size)
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def wrap_model(model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> torch.nn.Module:
