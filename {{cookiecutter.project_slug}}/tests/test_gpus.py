@@ -215,3 +215,32 @@ def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(monkeypatch, ca
 
     assert not distributed.setup("auto").on_gpu
     assert capsys.readouterr().err == ""
+
+
+def test_after_the_kernel_started_the_cuda_driver_a_notebook_function_is_refused_before_any_rank_starts(monkeypatch):
+    monkeypatch.setattr(hardware, "cuda_driver_loaded", lambda: True)  # as after torch.cuda.is_available()
+    monkeypatch.setattr(notebook, "_Ranks", lambda *args: pytest.fail("ranks started"))
+
+    def defined_in_a_cell(args):
+        pass
+
+    with pytest.raises(UserError, match=r"cannot start defined_in_a_cell\(\) here: this kernel has started the CUDA"):
+        notebook.launch(["--synthetic"], nproc=2, train=defined_in_a_cell)
+
+
+def test_after_the_kernel_started_the_cuda_driver_run_py_training_starts_with_spawn(monkeypatch):
+    monkeypatch.setattr(hardware, "cuda_driver_loaded", lambda: True)
+    started = []
+
+    class Ranks:  # what would start the ranks: it records how
+        def __init__(self, context, *args):
+            started.append(context.get_start_method())
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(notebook, "_Ranks", Ranks)
+
+    notebook.launch(["--synthetic", "--device", "cpu"], nproc=2)
+
+    assert started == ["spawn"]

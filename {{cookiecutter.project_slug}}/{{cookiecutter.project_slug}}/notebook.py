@@ -37,7 +37,7 @@ from datetime import datetime
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from . import cli, errors
+from . import cli, errors, hardware
 from .errors import STOPPED_STATUS, UserError
 
 # After a failure, the other ranks get this long to end on SIGTERM before they are killed.
@@ -143,6 +143,11 @@ def fork_blocker() -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA is initialised in this kernel (PyTorch has used the GPU), and a forked process cannot use it"
+    if hardware.cuda_driver_loaded():
+        return (
+            "this kernel has started the CUDA driver (torch.cuda.is_available() does), and a forked process cannot "
+            "use CUDA"
+        )
     paddle = sys.modules.get("paddle")
     if paddle is not None and paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
         return "paddle's GPU build initialises CUDA when it is imported, and a forked process cannot use it"
