@@ -50,6 +50,7 @@ SHARED_TESTS = {
     "test_predict.py",
     "test_gpus.py",
     "test_global_batch.py",
+    "test_on_gpu.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},
@@ -190,3 +191,20 @@ def test_names_with_spaces_quotes_or_chinese_bake_a_valid_slug(bake, name, slug)
     assert read_settings(project, slug)["FRAMEWORK"] == "pytorch"
     assert name in (project / "README.md").read_text(encoding="utf-8").splitlines()[0]
     nbformat.validate(nbformat.read(project / "notebook.ipynb", as_version=4))
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "paddle"])
+def test_every_project_has_a_gpu_tier_that_a_machine_without_a_gpu_skips_saying_why(bake, framework):
+    project = bake(framework=framework)
+
+    collected = run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider"], project
+    )
+    tier = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert collected.returncode == 0 and len(tier) >= 10, collected.stdout
+    assert all(line.startswith("tests/test_on_gpu.py::") for line in tier)
+
+    ran = run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider"], project)
+    assert ran.returncode == 0, ran.stdout
+    assert f"{len(tier)} skipped" in ran.stdout
+    assert "the GPU tier needs 1 usable GPU(s), this machine has 0" in ran.stdout

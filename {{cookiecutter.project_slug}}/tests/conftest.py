@@ -1,10 +1,33 @@
-"""Shared fixtures of the project's tests."""
+"""Shared fixtures of the project's tests, and the GPU tier's one condition."""
 
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def usable_gpus() -> tuple[int, str]:
+    """(GPUs the framework can use, why none where there are none), asked without initialising CUDA here."""
+    from {{ cookiecutter.project_slug }} import distributed
+
+    count = distributed.gpu_count()
+    return count, "" if count else (distributed.gpu_problem() or "no GPU here")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu (or gpu(N): N GPUs) run where the framework can use that many GPUs, and are skipped,
+    saying why, elsewhere."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    count, why = usable_gpus()
+    for item in gpu_tests:
+        needed = (item.get_closest_marker("gpu").args or (1,))[0]
+        if count < needed:
+            reason = f"the GPU tier needs {needed} usable GPU(s), this machine has {count}"
+            reason += f": {why}" if why else ""
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,254 @@
+"""The GPU tier: the GPU path itself, run where the framework can use a GPU (`pytest -m gpu`), skipped elsewhere.
+
+Everything trains in processes of its own, so that CUDA is never initialised in the pytest process (a forked
+rank of notebook.launch() could not use it after that). A run about the CPU hides CUDA from its process.
+"""
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import write_image_folder
+
+from {{ cookiecutter.project_slug }} import cli, distributed
+from {{ cookiecutter.project_slug }}.settings import DATASET, FRAMEWORK
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+CHECKPOINT = "best.pt" if FRAMEWORK == "pytorch" else "best.pdparams"
+LAST = CHECKPOINT.replace("best", "last")
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES", "NODE_RANK", "PADDLE_TRAINER_ID", "SLURM_NTASKS")
+
+
+def environment(nproc: int = 1, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return {**env, "NPROC_PER_NODE": str(nproc), **extra}
+
+
+def data_args(output: Path) -> list[str]:
+    if DATASET == "zip":  # extracted into the test's own folder, not the project's data/
+        return ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+    return []
+
+
+def train(project: Path, output: Path, *args: str, nproc: int = 1, check: bool = True, **env: str):
+    result = subprocess.run(
+        ["bash", "run.sh", "--output-dir", str(output), *data_args(output), *args], cwd=project,
+        env=environment(nproc, **env), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0 or not check, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def metrics(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+def predict(project: Path, checkpoint: Path, images: Path, csv_path: Path, **env: str) -> list[str]:
+    command = [sys.executable, "predict.py", "--checkpoint", str(checkpoint), "--input", str(images)]
+    result = subprocess.run(
+        [*command, "--output", str(csv_path)], cwd=project, env=environment(**env),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(csv_path, newline="", encoding="utf-8") as file:
+        return [row[1] for row in list(csv.reader(file))[1:]]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return write_image_folder(tmp_path_factory.mktemp("images"), [str(n) for n in range(10)], per_class=30)
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory, project_root) -> Path:
+    """Three epochs with mixed precision on the GPU; its output folder."""
+    output = tmp_path_factory.mktemp("gpu") / "output"
+    train(project_root, output, "--epochs", "3", "--device", "gpu", "--amp")
+    return output
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory, project_root) -> Path:
+    """Two epochs with CUDA hidden; its output folder."""
+    output = tmp_path_factory.mktemp("cpu") / "output"
+    train(project_root, output, "--epochs", "2", **CPU_ONLY)
+    return output
+
+
+def test_a_few_epochs_with_mixed_precision_reach_the_samples_accuracy(project_root, tmp_path):
+    output = tmp_path / "output"
+
+    train(project_root, output, "--epochs", "10", "--device", "gpu", "--amp")
+
+    assert "1 process(es) on gpu" in (output / "train.log").read_text()
+    rows = metrics(output)
+    assert [row["epoch"] for row in rows] == list(range(1, 11))
+    if DATASET != "synthetic":  # random data has nothing to learn
+        assert max(row["val_acc"] for row in rows) >= 0.9
+
+
+SLOW_STEPS = """
+
+import time
+
+_build_model = build_model
+
+
+def build_model(num_classes, channels=3):  # noqa: F811 - a test slows every step, to stop part-way through an epoch
+    model = _build_model(num_classes, channels)
+    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.02))
+    return model
+"""
+
+
+def test_sigterm_part_way_through_an_epoch_saves_and_the_same_command_finishes_every_epoch_once(project_root, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    with open(project / "{{ cookiecutter.project_slug }}" / "model.py", "a", encoding="utf-8") as model:
+        model.write(SLOW_STEPS)
+    output = tmp_path / "output"
+    args = ["--output-dir", str(output), *data_args(output), "--epochs", "3", "--device", "gpu"]
+    args += ["--batch-size", "16", "--log-every", "1"]
+    job = subprocess.Popen(["bash", "run.sh", *args], cwd=project, env=environment(), start_new_session=True)
+    log, deadline = output / "train.log", time.monotonic() + 300
+    while not (log.exists() and "epoch 2 step 10/" in log.read_text()):
+        assert job.poll() is None and time.monotonic() < deadline, "the job ended before epoch 2 step 10"
+        time.sleep(0.02)
+
+    os.killpg(job.pid, signal.SIGTERM)  # every process, as SLURM's scancel does
+
+    assert job.wait(timeout=120) == 143
+    stopped_at = int(log.read_text().split("stopped by SIGTERM after epoch 2 step ")[1].split(";")[0])
+    train(project, output, "--epochs", "3", "--device", "gpu", "--batch-size", "16")
+    assert f"(epoch 2, step {stopped_at})" in log.read_text()
+    assert [row["epoch"] for row in metrics(output)] == [1, 2, 3]
+
+
+def test_a_gpu_checkpoint_resumes_and_predicts_on_the_cpu_as_on_the_gpu(gpu_run, project_root, images, tmp_path):
+    resumed = tmp_path / "output"
+    shutil.copytree(gpu_run, resumed)
+
+    train(project_root, resumed, "--epochs", "4", **CPU_ONLY)
+
+    assert [row["epoch"] for row in metrics(resumed)] == [1, 2, 3, 4]
+    on_gpu = predict(project_root, gpu_run / "checkpoints" / CHECKPOINT, images, tmp_path / "gpu.csv")
+    on_cpu = predict(project_root, gpu_run / "checkpoints" / CHECKPOINT, images, tmp_path / "cpu.csv", **CPU_ONLY)
+    # TF32 and mixed precision on the GPU may flip a borderline image.
+    assert sum(a == b for a, b in zip(on_gpu, on_cpu, strict=True)) >= 0.99 * len(on_gpu)
+
+
+def test_a_cpu_checkpoint_resumes_with_mixed_precision_and_predicts_on_the_gpu(cpu_run, project_root, images, tmp_path):
+    resumed = tmp_path / "output"
+    shutil.copytree(cpu_run, resumed)
+
+    train(project_root, resumed, "--epochs", "3", "--device", "gpu", "--amp")  # the CPU saved no loss-scaler state
+
+    assert [row["epoch"] for row in metrics(resumed)] == [1, 2, 3]
+    on_cpu = predict(project_root, cpu_run / "checkpoints" / CHECKPOINT, images, tmp_path / "cpu.csv", **CPU_ONLY)
+    on_gpu = predict(project_root, cpu_run / "checkpoints" / CHECKPOINT, images, tmp_path / "gpu.csv")
+    assert sum(a == b for a, b in zip(on_gpu, on_cpu, strict=True)) >= 0.99 * len(on_gpu)
+
+
+@pytest.mark.parametrize("direction", ["gpu-to-cpu", "cpu-to-gpu"])
+def test_init_from_a_checkpoint_of_the_other_device(direction, gpu_run, cpu_run, project_root, tmp_path):
+    source, env = (gpu_run, CPU_ONLY) if direction == "gpu-to-cpu" else (cpu_run, {})
+    output = tmp_path / "output"
+
+    train(project_root, output, "--epochs", "1", "--init-from", str(source / "checkpoints" / LAST), **env)
+
+    assert "initialised from" in (output / "train.log").read_text()
+
+
+KERNEL_ASKS_FOR_THE_GPU = {
+    "pytorch": "import torch\nassert torch.cuda.is_available()\n",
+    "paddle": "import paddle\nassert paddle.device.cuda.device_count() > 0\n",
+}[FRAMEWORK]
+LAUNCH_FROM_THE_KERNEL = """
+from {{ cookiecutter.project_slug }} import notebook
+from {{ cookiecutter.project_slug }}.errors import UserError
+
+
+def defined_in_a_cell(args):
+    pass
+
+
+try:
+    notebook.launch([], nproc=1, train=defined_in_a_cell)
+    print("cell function: ran")
+except UserError as error:
+    print("cell function: refused:", error)
+notebook.launch({argv!r}, nproc=1)
+print("run.py's training: done")
+"""
+TOUCH = {
+    "is_available": "",
+    "initialised": "torch.zeros(1, device='cuda')" if FRAMEWORK == "pytorch" else "paddle.zeros([1])",
+}
+
+
+@pytest.mark.parametrize("touch", TOUCH)
+def test_launch_after_the_kernel_used_the_gpu_trains_or_refuses_in_one_line(touch, project_root, tmp_path):
+    output = tmp_path / "output"
+    argv = ["--epochs", "1", "--output-dir", str(output), *data_args(output)]
+    script = KERNEL_ASKS_FOR_THE_GPU + TOUCH[touch] + LAUNCH_FROM_THE_KERNEL.format(argv=argv)
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=project_root, env=environment(), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "cell function: ran" in result.stdout or "cell function: refused: launch() cannot start" in result.stdout
+    assert "run.py's training: done" in result.stdout
+    assert [row["epoch"] for row in metrics(output)] == [1]
+    assert "Traceback" not in result.stderr
+
+
+def test_more_processes_than_gpus_is_one_line_naming_both_numbers(project_root, tmp_path):
+    gpus = distributed.gpu_count()
+
+    result = train(project_root, tmp_path / "output", "--epochs", "1", nproc=gpus + 1, check=False)
+
+    assert result.returncode == 1
+    assert f"error: {gpus + 1} processes on this machine, but it has {gpus} visible GPU" in result.stderr
+    assert not (tmp_path / "output").exists()
+
+
+CPU_SAVE = {
+    "pytorch": "import torch\nprint('cuda initialised:', torch.cuda.is_initialized())\n",
+    "paddle": "import paddle\nstate = paddle.load({last!r})\nprint('gpu stream saved:', state['rng'][0]['gpu'] is not None)\n",
+}[FRAMEWORK]
+
+
+def test_a_cpu_run_on_a_gpu_machine_leaves_cuda_alone(project_root, tmp_path):
+    output = tmp_path / "output"
+    argv = ["--epochs", "1", "--device", "cpu", "--output-dir", str(output), *data_args(output)]
+    script = f"from {{ cookiecutter.project_slug }} import notebook\nnotebook.train_here({argv!r})\n"
+    script += CPU_SAVE.format(last=str(output / "checkpoints" / LAST.replace(".pdparams", ".pdopt")))
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=project_root, env=environment(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cuda initialised: False" in result.stdout or "gpu stream saved: False" in result.stdout
+
+
+@pytest.mark.gpu(2)
+def test_two_ranks_train_with_nccl_one_gpu_each(project_root, tmp_path):
+    output = tmp_path / "output"
+
+    train(project_root, output, "--epochs", "2", "--device", "gpu", nproc=2)
+
+    assert "2 process(es) on gpu" in (output / "train.log").read_text()
+    assert [(row["epoch"], row["world_size"]) for row in metrics(output)] == [(1, 2), (2, 2)]
