@@ -22,6 +22,7 @@ SHARED_PACKAGE = {
     "notebook",
     "submission",
     "hardware",
+    "loader_watch",
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -51,6 +52,7 @@ SHARED_TESTS = {
     "test_gpus.py",
     "test_global_batch.py",
     "test_on_gpu.py",
+    "test_loading.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},

@@ -11,6 +11,7 @@ from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, i
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
+from {{ cookiecutter.project_slug }}.loader_watch import LoaderWatch
 from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
 
 
@@ -46,7 +47,9 @@ def train(args) -> None:
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
         state = checkpoints.resume(args.resume, args.init_from)
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
-        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
+        workers = train_loader.num_workers
+        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers)
+        watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
@@ -61,7 +64,7 @@ def train(args) -> None:
                 started = time.perf_counter()
                 train_stats = engine.train_one_epoch(
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
-                    grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker,
+                    grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
                 )  # fmt: skip
                 scheduler.step()
                 val_stats = engine.evaluate(model, val_loader, env, use_amp)

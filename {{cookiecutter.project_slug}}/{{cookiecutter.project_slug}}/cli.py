@@ -123,7 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch normalisation over the global batch (synchronised across processes; GPUs only)",
     )
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
-    parser.add_argument("--workers", type=non_negative_int, default=0, help="data-loading worker processes per rank")
+    parser.add_argument(
+        "--workers",
+        type=non_negative_int,
+        help="data-loading worker processes per rank (default: none on CPUs; on GPUs the cores each process may "
+        "use, less one, at most 8)",
+    )
     parser.add_argument("--log-every", type=positive_int, default=50, help="steps between loss log lines")
     parser.add_argument(
         "--tracking",

@@ -37,15 +37,15 @@ def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
     return PACKAGE_LOGGER
 
 
-def progress_bar(iterable, is_main: bool, desc: str):
+def progress_bar(iterable, is_main: bool, desc: str, total: int | None = None):
     """A progress bar on rank 0 at a terminal, a widget in a notebook's kernel; job logs get the loss lines instead."""
     if is_main and _in_kernel():
         # tqdm.notebook rather than tqdm.auto: tqdm.auto's bar starts an iterator of its own (a second pass of a
         # DataLoader, one more shuffle of the sampler).
         from tqdm.notebook import tqdm as widget_bar
 
-        return widget_bar(iterable, desc=desc, leave=False)
-    return tqdm(iterable, desc=desc, leave=False, disable=not (is_main and sys.stderr.isatty()))
+        return widget_bar(iterable, desc=desc, leave=False, total=total)
+    return tqdm(iterable, desc=desc, leave=False, total=total, disable=not (is_main and sys.stderr.isatty()))
 
 
 def _in_kernel() -> bool:
@@ -56,13 +56,14 @@ def _in_kernel() -> bool:
     return in_kernel()
 
 
-def log_job(env, batch_size: int, grad_accum: int, train_samples: int, val_samples: int) -> int:
+def log_job(env, batch_size: int, grad_accum: int, train_samples: int, val_samples: int, workers: int) -> int:
     """Say how the job is split, and return the global batch: per-process batch x processes x accumulation."""
     global_batch = batch_size * env.world_size * grad_accum
     PACKAGE_LOGGER.info(
-        "%d process(es) on %s; batch %d per process x %d x %d accumulation = global batch %d; %d train / %d val samples",
+        "%d process(es) on %s; batch %d per process x %d x %d accumulation = global batch %d; %d train / %d val "
+        "samples; %d loader worker(s) per process",
         env.world_size, "gpu" if env.on_gpu else "cpu", batch_size, env.world_size, grad_accum, global_batch,
-        train_samples, val_samples,
+        train_samples, val_samples, workers,
     )  # fmt: skip
     return global_batch
 
@@ -88,6 +89,7 @@ class MetricsLog:
             "train_samples": train_stats["samples"],
             "val_samples": val_stats["samples"],
             "epoch_time_s": round(time.perf_counter() - started, 3),
+            "data_wait": round(train_stats["data_wait"], 4),
             "lr": train_stats["lr"],
         }
         if self.is_main:

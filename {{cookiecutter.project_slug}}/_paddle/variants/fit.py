@@ -18,6 +18,7 @@ from paddle.io import DataLoader
 
 from . import distributed, loaders
 from .distributed import DistEnv
+from .loader_watch import LoaderWatch
 from .logs import optimizer_step
 from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
@@ -66,12 +67,14 @@ class EpochEnd(paddle.callbacks.Callback):
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
-        grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
+        grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
     ):  # fmt: skip
         super().__init__()
         self.loader, self.env, self.stop, self.end_epoch = loader, env, stop, end_epoch
         self.first_epoch, self.progress = state.epochs_done, replace(state.progress)
         self.grad_accum, self.log_every, self.tracker = grad_accum, log_every, tracker
+        # fit() reads the batches itself: the wait for one is the time from the end of a step to the next begin.
+        self.watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self.epoch = self.first_epoch + epoch + 1
@@ -81,6 +84,12 @@ class EpochEnd(paddle.callbacks.Callback):
         sampler.skip_batches = self.progress.step  # fit() starts iterating right after this
         self.steps = self.progress.step + len(self.loader)
         self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
+        self.watch.start_epoch()
+        self.step_ended = (time.perf_counter(), time.process_time())
+
+    def on_train_batch_begin(self, step: int, logs=None) -> None:
+        ended, ended_cpu = self.step_ended
+        self.watch.waited(time.perf_counter() - ended, time.process_time() - ended_cpu)
 
     def on_train_batch_end(self, step: int, logs=None) -> None:
         batch = logs["batch_size"] // self.env.world_size  # fit reports the batch of all ranks together
@@ -98,6 +107,7 @@ class EpochEnd(paddle.callbacks.Callback):
         may_stop = progress.step % self.grad_accum == 0 and progress.step < self.steps
         if may_stop and self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):
             raise Stopped(self.epoch, progress)
+        self.step_ended = (time.perf_counter(), time.process_time())
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         total_loss, total_seen = distributed.all_reduce_sum([self.progress.loss_sum, self.progress.seen], self.env)
@@ -106,4 +116,5 @@ class EpochEnd(paddle.callbacks.Callback):
         # The sampler repeats a few samples so every rank gets as many; they are not distinct.
         samples = int(total_seen) - loaders.train_sampler(self.loader).padding
         self.progress = EpochProgress()
-        self.end_epoch(self.epoch, {"loss": total_loss / total_seen, "samples": samples, "lr": self.lr}, self.started)
+        stats = {"loss": total_loss / total_seen, "samples": samples, "lr": self.lr, "data_wait": self.watch.data_wait}
+        self.end_epoch(self.epoch, stats, self.started)

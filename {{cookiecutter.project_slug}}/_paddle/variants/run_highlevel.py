@@ -12,6 +12,7 @@ from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, f
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors, out_of_memory_is_a_user_error
+from {{ cookiecutter.project_slug }}.loader_watch import LoaderWatch
 from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
 
 
@@ -47,7 +48,9 @@ def train(args) -> None:
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         # (After the resume: the accumulation steps may be the checkpoint's.)
         model.prepare(optimizer, fit.accumulated_loss(args.grad_accum), amp_configs="O1" if use_amp else None)
-        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set))
+        workers = train_loader.num_workers
+        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers)
+        watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
@@ -68,7 +71,7 @@ def train(args) -> None:
                 )
             else:
                 epoch_end = fit.EpochEnd(
-                    train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker
+                    train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch
                 )
                 # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
                 out_of_memory_is_a_user_error(MemoryError)(model.fit)(

@@ -42,6 +42,8 @@ class DistEnv:
     world_size: int
     device: str  # the framework's own device value: "cpu" or "gpu:N" as paddle.set_device() takes it; PyTorch's torch.device
 
+    local_world_size: int = 1  # the processes of this machine
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
@@ -114,7 +116,8 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
             _wait_for_the_store(timeout_s)
         with _without_flag_table():
             dist.init_parallel_env()
-    return DistEnv(rank, local_rank, world_size, this_device)
+    # launch and fleetrun set PADDLE_LOCAL_SIZE; spawn starts the processes of one machine.
+    return DistEnv(rank, local_rank, world_size, this_device, int(os.environ.get("PADDLE_LOCAL_SIZE", world_size)))
 
 
 def _wait_for_the_store(timeout_s: float) -> None:

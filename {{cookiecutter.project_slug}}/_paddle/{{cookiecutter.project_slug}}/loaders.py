@@ -9,6 +9,7 @@ import traceback
 
 from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
 
+from . import hardware
 from .distributed import DistEnv
 from .errors import UserError
 
@@ -55,15 +56,27 @@ class ResumableSampler(DistributedBatchSampler):
 
 
 def build_loaders(
-    train_set: Dataset, val_set: Dataset, batch_size: int, workers: int, seed: int, env: DistEnv
+    train_set: Dataset, val_set: Dataset, batch_size: int, workers: int | None, seed: int, env: DistEnv
 ) -> tuple[DataLoader, DataLoader]:
-    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch()."""
+    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch().
+
+    `workers` None: chosen from the device and the cores this process may use (hardware.loader_workers()).
+    The workers hand batches over in shared memory and stay alive across epochs (the two loaders never load
+    at the same time: the validation loader gets half as many).
+    """
     threading.excepthook = _exit_when_a_loader_thread_fails  # Paddle reads batches in a thread: see there
-    common = dict(num_workers=workers, persistent_workers=workers > 0)
-    train_loader = DataLoader(train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **common)
+    if workers is None:
+        workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
+    train_loader = DataLoader(
+        train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **_options(workers)
+    )
     val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=batch_size)
-    val_loader = DataLoader(val_set, batch_sampler=val_sampler, **common)
+    val_loader = DataLoader(val_set, batch_sampler=val_sampler, **_options(-(-workers // 2)))
     return train_loader, val_loader
+
+
+def _options(workers: int) -> dict:
+    return dict(num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0)
 
 
 def train_sampler(loader: DataLoader) -> ResumableSampler:

@@ -33,6 +33,8 @@ class DistEnv:
     world_size: int
     device: torch.device  # the framework's own device value: a torch.device here, a paddle device string in Paddle
 
+    local_world_size: int = 1  # the processes of this machine
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
@@ -115,7 +117,9 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
                 f"the processes did not all join within --dist-timeout {timeout_s:g} s ({error}): start run.sh on "
                 "every machine with the same NNODES, MASTER_ADDR and MASTER_PORT"
             ) from None
-    return DistEnv(rank, local_rank, world_size, this_device)
+    # torchrun, torch.distributed.launch, spawn and notebook.launch() set LOCAL_WORLD_SIZE; srun its own.
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
+    return DistEnv(rank, local_rank, world_size, this_device, local_world_size)
 
 
 def cleanup() -> None:

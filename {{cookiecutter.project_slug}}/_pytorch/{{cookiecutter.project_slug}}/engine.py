@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from . import distributed, loaders
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
+from .loader_watch import LoaderWatch
 from .logs import optimizer_step, progress_bar
 from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
@@ -29,8 +30,10 @@ log = logging.getLogger(__name__)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
+    watch: LoaderWatch | None = None,
 ) -> dict:  # fmt: skip
-    """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate.
+    """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
+    the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
 
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
     `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
@@ -46,7 +49,9 @@ def train_one_epoch(
     seen = progress.seen
     steps = progress.step + len(loader)
     use_amp = scaler.is_enabled()
-    for step, (images, labels) in enumerate(progress_bar(loader, env.is_main, f"epoch {epoch}"), progress.step + 1):
+    watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
+    batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
+    for step, (images, labels) in enumerate(batches, progress.step + 1):
         images = images.to(env.device, non_blocking=True)
         labels = labels.to(env.device, non_blocking=True)
         steps_now = step % grad_accum == 0 or step == steps
@@ -74,7 +79,8 @@ def train_one_epoch(
     if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
         raise Diverged(epoch, steps, shown=env.is_main)
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
-    return {"loss": total_loss / total_seen, "samples": int(total_seen) - sampler.padding, "lr": lr}
+    samples = int(total_seen) - sampler.padding
+    return {"loss": total_loss / total_seen, "samples": samples, "lr": lr, "data_wait": watch.data_wait}
 
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)

@@ -4,6 +4,7 @@ import itertools
 
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from . import hardware
 from .distributed import DistEnv
 
 
@@ -48,13 +49,27 @@ class ResumableSampler(DistributedSampler):
 
 
 def build_loaders(
-    train_set: Dataset, val_set: Dataset, batch_size: int, workers: int, seed: int, env: DistEnv
+    train_set: Dataset, val_set: Dataset, batch_size: int, workers: int | None, seed: int, env: DistEnv
 ) -> tuple[DataLoader, DataLoader]:
-    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch()."""
-    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0)
-    train_loader = DataLoader(train_set, sampler=ResumableSampler(train_set, batch_size, env, seed), **common)
-    val_loader = DataLoader(val_set, sampler=ShardSampler(len(val_set), env), **common)
+    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch().
+
+    `workers` None: chosen from the device and the cores this process may use (hardware.loader_workers()).
+    On GPUs batches go to pinned memory, and the workers of both loaders stay alive across epochs (they
+    never load at the same time: the validation loader gets half as many).
+    """
+    if workers is None:
+        workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
+    train_loader = DataLoader(
+        train_set, sampler=ResumableSampler(train_set, batch_size, env, seed), **_options(batch_size, workers, env)
+    )
+    val_loader = DataLoader(
+        val_set, sampler=ShardSampler(len(val_set), env), **_options(batch_size, -(-workers // 2), env)
+    )
     return train_loader, val_loader
+
+
+def _options(batch_size: int, workers: int, env: DistEnv) -> dict:
+    return dict(batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0)
 
 
 def train_sampler(loader: DataLoader) -> ResumableSampler:
