@@ -53,6 +53,7 @@ SHARED_TESTS = {
     "test_global_batch.py",
     "test_on_gpu.py",
     "test_loading.py",
+    "test_speed.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},

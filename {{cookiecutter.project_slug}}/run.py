@@ -18,6 +18,7 @@ from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
 @explain_user_errors
 def train(args) -> None:
     stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
+    engine.configure_kernels(args.deterministic)  # before CUDA starts
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(args.output_dir, env.rank)
@@ -35,20 +36,23 @@ def train(args) -> None:
         data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
         network = build_model(num_classes, **images.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = distributed.wrap_model(network, env, args.find_unused_parameters)
+        model = distributed.wrap_model(network, env, args.find_unused_parameters, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(model, args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         optimizer = distributed.wrap_optimizer(optimizer)
-        use_amp = args.amp and env.on_gpu
-        scaler = engine.grad_scaler(use_amp)
+        amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
+        scaler = engine.grad_scaler(amp_dtype)
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
         state = checkpoints.resume(args.resume, args.init_from)
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
+        state.switch_precision(amp_dtype)
         workers = train_loader.num_workers
-        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers)
+        global_batch = logs.log_job(
+            env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers, amp_dtype
+        )
         watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
@@ -65,9 +69,10 @@ def train(args) -> None:
                 train_stats = engine.train_one_epoch(
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
                     grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
+                    amp_dtype=amp_dtype,
                 )  # fmt: skip
                 scheduler.step()
-                val_stats = engine.evaluate(model, val_loader, env, use_amp)
+                val_stats = engine.evaluate(model, val_loader, env, amp_dtype)
                 tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
                 checkpoints.end_epoch(epoch, val_stats["acc"])
                 stop.after_epoch(env, epoch, args.epochs)

@@ -252,3 +252,71 @@ def test_two_ranks_train_with_nccl_one_gpu_each(project_root, tmp_path):
 
     assert "2 process(es) on gpu" in (output / "train.log").read_text()
     assert [(row["epoch"], row["world_size"]) for row in metrics(output)] == [(1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("dtype, words", [("bf16", "bfloat16 mixed precision"), ("fp16", "float16 mixed precision")])
+def test_each_mixed_precision_dtype_trains_and_evaluates_on_the_gpu(dtype, words, project_root, tmp_path):
+    output = tmp_path / "output"
+
+    result = train(project_root, output, "--epochs", "2", "--device", "gpu", "--amp-dtype", dtype, check=False)
+
+    if result.returncode == 0:
+        assert words in (output / "train.log").read_text()
+        assert [row["epoch"] for row in metrics(output)] == [1, 2]
+    else:  # a GPU older than compute capability 8.0 has no native bfloat16: one line says so
+        assert dtype == "bf16" and "error: --amp-dtype bf16: this GPU" in result.stderr
+
+
+def test_a_compiled_gpu_run_resumes_without_compile(project_root, tmp_path):
+    output = tmp_path / "output"
+
+    train(project_root, output, "--epochs", "1", "--device", "gpu", "--compile")
+    train(project_root, output, "--epochs", "2", "--device", "gpu")
+
+    assert [row["epoch"] for row in metrics(output)] == [1, 2]
+
+
+def test_two_deterministic_gpu_runs_train_the_same_losses(project_root, tmp_path):
+    for name in ("first", "second"):
+        train(project_root, tmp_path / name / "output", "--epochs", "2", "--device", "gpu", "--deterministic")
+
+    first, second = (metrics(tmp_path / name / "output") for name in ("first", "second"))
+    assert [row["train_loss"] for row in first] == [row["train_loss"] for row in second]
+
+
+SLOW_DATA = """
+
+import time
+
+_build_datasets = build_datasets
+
+
+class _Slow:
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        time.sleep(0.004)  # a network disk
+        return self.dataset[index]
+
+
+def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk would
+    train_set, val_set, num_classes = _build_datasets(args)
+    return _Slow(train_set), val_set, num_classes
+"""
+
+
+def test_a_gpu_run_that_waits_on_a_slow_disk_says_so_once(project_root, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    with open(project / "{{ cookiecutter.project_slug }}" / "data.py", "a", encoding="utf-8") as data:
+        data.write(SLOW_DATA)
+    output = tmp_path / "output"
+
+    train(project, output, "--epochs", "1", "--device", "gpu", "--workers", "0")
+
+    assert (output / "train.log").read_text().count("training waits for its data") == 1
+    assert metrics(output)[0]["data_wait"] > 0.5

@@ -124,6 +124,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on GPU")
     parser.add_argument(
+        "--amp-dtype",
+        choices=("auto", "bf16", "fp16"),
+        default="auto",
+        help="auto: bfloat16 where the GPU runs it natively (compute capability 8.0+), else float16 with loss scaling",
+    )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="reproducible GPU runs: deterministic algorithms only, no cuDNN autotuning (slower)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (PyTorch; the first steps compile); checkpoints hold the plain model",
+    )
+    parser.add_argument(
+        "--channels-last", action="store_true", help="channels-last memory format for convolution nets (PyTorch)"
+    )
+    parser.add_argument(
         "--workers",
         type=non_negative_int,
         help="data-loading worker processes per rank (default: none on CPUs; on GPUs the cores each process may "

@@ -4,6 +4,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .errors import UserError
+
 
 def nvidia_driver_present() -> bool:
     """True where an NVIDIA driver shows GPUs to this process (its device nodes, or its nvidia-smi tool)."""
@@ -53,3 +55,20 @@ def loader_workers(on_gpu: bool, processes: int, cores: int) -> int:
     """The default --workers of each process: on GPUs one per loader core, at least 1 and at most 8 (more
     feeds no GPU faster, and costs memory); on CPUs none, which the CPU benchmarks show is fastest."""
     return max(1, min(8, loader_cores(on_gpu, processes, cores))) if on_gpu else 0
+
+
+def amp_dtype(amp: bool, asked: str, capability: tuple[int, int] | None) -> str | None:
+    """The mixed-precision dtype of a run on a GPU of compute `capability` (None: no GPU): None for full
+    precision (--no-amp, or a CPU); with --amp-dtype auto, "bf16" where the GPU runs bfloat16 natively
+    (compute capability 8.0 or more; T4 and V100 only emulate it), else "fp16", which needs loss scaling."""
+    if not amp or capability is None:
+        return None
+    native_bf16 = tuple(capability) >= (8, 0)
+    if asked == "bf16" and not native_bf16:
+        raise UserError(
+            f"--amp-dtype bf16: this GPU (compute capability {capability[0]}.{capability[1]}) has no native "
+            "bfloat16 (8.0 or more): use --amp-dtype fp16 or auto"
+        )
+    if asked == "auto":
+        return "bf16" if native_bf16 else "fp16"
+    return asked

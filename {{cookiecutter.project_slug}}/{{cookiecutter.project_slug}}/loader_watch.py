@@ -2,7 +2,10 @@
 loader workers would help.
 
 The wait is the host's time inside the loader's next(), read from the clock with no device synchronisation:
-a GPU step that is still running does not count as waiting for data.
+a GPU step that is still running does not count as waiting for data. Whether the loader computes or waits on
+storage is told by the CPU time of the loop's own thread during the wait (where PyTorch loads with --workers 0;
+the framework's other threads may spin meanwhile; paddle reads in a thread of its own, so there a slow loader
+with --workers 0 counts as waiting on storage).
 """
 
 import logging
@@ -36,16 +39,16 @@ class LoaderWatch:
         self.start_epoch()
         batches = iter(loader)
         while True:
-            asked, asked_cpu = time.perf_counter(), time.process_time()
+            asked, asked_cpu = time.perf_counter(), time.thread_time()
             try:
                 batch = next(batches)
             except StopIteration:
                 return
-            self.waited(time.perf_counter() - asked, time.process_time() - asked_cpu)
+            self.waited(time.perf_counter() - asked, time.thread_time() - asked_cpu)
             yield batch
 
     def waited(self, seconds: float, cpu_seconds: float) -> None:
-        """One batch came after `seconds` (of which this process computed `cpu_seconds`)."""
+        """One batch came after `seconds` (of which the loop's thread computed `cpu_seconds`)."""
         self.wait += seconds
         self.wait_cpu += cpu_seconds
         self.steps += 1

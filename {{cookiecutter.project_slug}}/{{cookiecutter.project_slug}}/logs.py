@@ -56,14 +56,19 @@ def _in_kernel() -> bool:
     return in_kernel()
 
 
-def log_job(env, batch_size: int, grad_accum: int, train_samples: int, val_samples: int, workers: int) -> int:
+PRECISION = {"bf16": "bfloat16 mixed precision", "fp16": "float16 mixed precision with loss scaling"}
+
+
+def log_job(
+    env, batch_size: int, grad_accum: int, train_samples: int, val_samples: int, workers: int, amp_dtype: str | None
+) -> int:
     """Say how the job is split, and return the global batch: per-process batch x processes x accumulation."""
     global_batch = batch_size * env.world_size * grad_accum
     PACKAGE_LOGGER.info(
-        "%d process(es) on %s; batch %d per process x %d x %d accumulation = global batch %d; %d train / %d val "
-        "samples; %d loader worker(s) per process",
-        env.world_size, "gpu" if env.on_gpu else "cpu", batch_size, env.world_size, grad_accum, global_batch,
-        train_samples, val_samples, workers,
+        "%d process(es) on %s, %s; batch %d per process x %d x %d accumulation = global batch %d; %d train / %d "
+        "val samples; %d loader worker(s) per process",
+        env.world_size, "gpu" if env.on_gpu else "cpu", PRECISION.get(amp_dtype, "full precision"), batch_size,
+        env.world_size, grad_accum, global_batch, train_samples, val_samples, workers,
     )  # fmt: skip
     return global_batch
 

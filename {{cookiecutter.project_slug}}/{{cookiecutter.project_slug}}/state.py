@@ -36,6 +36,14 @@ class TrainingState:
     progress: EpochProgress = field(default_factory=EpochProgress)
     global_batch_size: int | None = None  # --global-batch-size of the run: kept by a resume on another world size
     grad_accum: int = 1  # the accumulation steps the run trains with
+    amp_dtype: str | None = None  # its mixed precision: "bf16", "fp16", or None (full)
+
+    def switch_precision(self, amp_dtype: str | None) -> None:
+        """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
+        if self.epochs_done and amp_dtype != self.amp_dtype:
+            log.info("the checkpoint trained in %s; this run trains in %s", self.amp_dtype or "full precision",
+                     amp_dtype or "full precision")  # fmt: skip
+        self.amp_dtype = amp_dtype
 
     def plan_batches(self, batch_size: int, world_size: int, grad_accum: int, global_batch_size: int | None) -> int:
         """The accumulation steps of this run: --grad-accum, or those that make the global batch G of --batch-size
@@ -153,6 +161,7 @@ class CheckpointerBase:
                 "data": self.data,
                 "global_batch_size": state.global_batch_size,
                 "grad_accum": state.grad_accum,
+                "amp_dtype": state.amp_dtype,
             }
             self._write(training, is_best)
 
@@ -172,8 +181,9 @@ class CheckpointerBase:
         else:
             log.info("resumed from %s (epoch %d)", path, saved["epoch"])
         return TrainingState(
-            saved["epoch"], saved["best_acc"], progress, saved.get("global_batch_size"), saved.get("grad_accum", 1)
-        )
+            saved["epoch"], saved["best_acc"], progress,
+            saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"),
+        )  # fmt: skip
 
 
 def _shape(tensor) -> tuple[int, ...]:

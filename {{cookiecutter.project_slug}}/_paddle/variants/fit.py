@@ -31,13 +31,14 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", "To copy construct from a tensor")
 
 
-def paddle_model(network: paddle.nn.Layer) -> paddle.Model:
-    """paddle.Model around the network.
+def paddle_model(network: paddle.nn.Layer, compile: bool = False, channels_last: bool = False) -> paddle.Model:
+    """paddle.Model around the network (--compile and --channels-last are PyTorch's: the log says so).
 
     On several ranks it wraps the network in DataParallel itself, calling init_parallel_env()
     again (distributed.setup() has joined: paddle keeps that process group).
     """
-    with distributed._without_flag_table():  # the package's own helper, as setup() uses it
+    distributed._say_pytorch_only(compile, channels_last)  # the package's own helpers, as wrap_model() uses them
+    with distributed._without_flag_table():
         return paddle.Model(network)
 
 
@@ -85,11 +86,11 @@ class EpochEnd(paddle.callbacks.Callback):
         self.steps = self.progress.step + len(self.loader)
         self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
         self.watch.start_epoch()
-        self.step_ended = (time.perf_counter(), time.process_time())
+        self.step_ended = (time.perf_counter(), time.thread_time())
 
     def on_train_batch_begin(self, step: int, logs=None) -> None:
         ended, ended_cpu = self.step_ended
-        self.watch.waited(time.perf_counter() - ended, time.process_time() - ended_cpu)
+        self.watch.waited(time.perf_counter() - ended, time.thread_time() - ended_cpu)
 
     def on_train_batch_end(self, step: int, logs=None) -> None:
         batch = logs["batch_size"] // self.env.world_size  # fit reports the batch of all ranks together
@@ -107,7 +108,7 @@ class EpochEnd(paddle.callbacks.Callback):
         may_stop = progress.step % self.grad_accum == 0 and progress.step < self.steps
         if may_stop and self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):
             raise Stopped(self.epoch, progress)
-        self.step_ended = (time.perf_counter(), time.process_time())
+        self.step_ended = (time.perf_counter(), time.thread_time())
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         total_loss, total_seen = distributed.all_reduce_sum([self.progress.loss_sum, self.progress.seen], self.env)

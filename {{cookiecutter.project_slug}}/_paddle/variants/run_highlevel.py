@@ -19,6 +19,7 @@ from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
 @explain_user_errors
 def train(args) -> None:
     stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
+    engine.configure_kernels(args.deterministic)  # before CUDA starts
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(args.output_dir, env.rank)
@@ -36,20 +37,24 @@ def train(args) -> None:
         data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
         network = build_model(num_classes, **images.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = fit.paddle_model(network)
+        model = fit.paddle_model(network, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
-        use_amp = args.amp and env.on_gpu
+        # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
+        amp_dtype = "fp16" if engine.mixed_precision(args.amp, args.amp_dtype, env) else None
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler, data=data)
         state = checkpoints.resume(args.resume, args.init_from)
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
+        state.switch_precision(amp_dtype)
         # (After the resume: the accumulation steps may be the checkpoint's.)
-        model.prepare(optimizer, fit.accumulated_loss(args.grad_accum), amp_configs="O1" if use_amp else None)
+        model.prepare(optimizer, fit.accumulated_loss(args.grad_accum), amp_configs="O1" if amp_dtype else None)
         workers = train_loader.num_workers
-        global_batch = logs.log_job(env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers)
+        global_batch = logs.log_job(
+            env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers, amp_dtype
+        )
         watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
@@ -59,7 +64,7 @@ def train(args) -> None:
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
-            val_stats = engine.evaluate(network, val_loader, env, use_amp)
+            val_stats = engine.evaluate(network, val_loader, env, amp_dtype)
             tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
             checkpoints.end_epoch(epoch, val_stats["acc"])
             stop.after_epoch(env, epoch, args.epochs)

@@ -197,11 +197,17 @@ def sync_batch_norm(model: paddle.nn.Layer, env: DistEnv, enabled: bool) -> padd
     return paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False) -> paddle.nn.Layer:
+def wrap_model(
+    model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
+    channels_last: bool = False,
+) -> paddle.nn.Layer:  # fmt: skip
     """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
 
-    Under fleetrun fleet.init() makes its groups here and fleet.distributed_model() wraps.
+    Under fleetrun fleet.init() makes its groups here and fleet.distributed_model() wraps. --compile and
+    --channels-last are PyTorch's: paddle's counterparts (paddle.jit.to_static, a data_format per layer)
+    change the model itself, so the log says they are not applied.
     """
+    _say_pytorch_only(compile, channels_last)
     if env.world_size == 1:
         return model
     if LAUNCHER != "fleetrun":
@@ -216,6 +222,12 @@ def wrap_model(model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: boo
         warnings.filterwarnings("ignore", "Current global rank")
         fleet.init(is_collective=True, strategy=strategy, log_level=quiet)
     return fleet.distributed_model(model)
+
+
+def _say_pytorch_only(compile: bool, channels_last: bool) -> None:
+    for flag, asked in (("--compile", compile), ("--channels-last", channels_last)):
+        if asked:
+            _log.info("%s is PyTorch's (paddle's counterpart changes the model): the model runs as it is", flag)
 
 
 def _groups_of_all_ranks_are_the_global_group(env: DistEnv):

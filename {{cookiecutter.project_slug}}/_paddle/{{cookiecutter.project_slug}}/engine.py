@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 from paddle.io import DataLoader
 
-from . import distributed, loaders
+from . import distributed, hardware, loaders
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
-    watch: LoaderWatch | None = None,
+    watch: LoaderWatch | None = None, amp_dtype: str | None = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
     the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
@@ -40,6 +40,7 @@ def train_one_epoch(
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
     `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker`.
+    `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     """
     model.train()
     loss_fn = build_loss()
@@ -50,7 +51,6 @@ def train_one_epoch(
     loss_sum = paddle.to_tensor(progress.loss_sum, dtype="float32")
     seen = progress.seen
     steps = progress.step + len(loader)
-    use_amp = scaler.is_enable()
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, (images, labels) in enumerate(batches, progress.step + 1):
@@ -58,7 +58,7 @@ def train_one_epoch(
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
-            with paddle.amp.auto_cast(enable=use_amp):
+            with autocast(amp_dtype):
                 loss = loss_fn(model(images), labels)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
@@ -85,8 +85,9 @@ def train_one_epoch(
 
 @out_of_memory_is_a_user_error(MemoryError)
 @paddle.no_grad()
-def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
-    """Loss and accuracy over the whole validation set, each sample counted once across ranks."""
+def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> dict:
+    """Loss and accuracy over the whole validation set, each sample counted once across ranks, in the training's
+    precision."""
     # The unwrapped model: ranks may run different numbers of batches, and only training needs the wrapper.
     model = distributed.unwrap(model)
     model.eval()
@@ -95,7 +96,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
     correct = paddle.zeros([])
     count = 0
     for images, labels in loader:
-        with paddle.amp.auto_cast(enable=use_amp):
+        with autocast(amp_dtype):
             logits = model(images)
         loss_sum += loss_fn(logits.astype("float32"), labels) * len(labels)
         correct += (logits.argmax(axis=1) == labels).astype("float32").sum()
@@ -124,6 +125,28 @@ def cosine_schedule(optimizer, epochs: int) -> paddle.optimizer.lr.LambdaDecay:
     return scheduler
 
 
-def grad_scaler(enabled: bool) -> paddle.amp.GradScaler:
-    """Loss scaling for mixed precision (GPU only); a pass-through when disabled."""
-    return paddle.amp.GradScaler(enable=enabled)
+def grad_scaler(amp_dtype: str | None) -> paddle.amp.GradScaler:
+    """Loss scaling, which float16 needs (bfloat16 has float32's range); a pass-through otherwise."""
+    return paddle.amp.GradScaler(enable=amp_dtype == "fp16")
+
+
+def mixed_precision(amp: bool, asked: str, env: DistEnv) -> str | None:
+    """This run's autocast dtype on this rank's GPU, by hardware.amp_dtype()'s rule ("bf16", "fp16"; None: full
+    precision; paddle uses TF32 on GPUs that have it by default, FLAGS_allow_tf32_cublas)."""
+    gpu = int(env.device.split(":")[1]) if env.on_gpu else None
+    capability = paddle.device.cuda.get_device_capability(gpu) if env.on_gpu else None
+    return hardware.amp_dtype(amp, asked, capability)
+
+
+def autocast(amp_dtype: str | None):
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(amp_dtype, "float16")
+    return paddle.amp.auto_cast(enable=amp_dtype is not None, dtype=dtype)
+
+
+def configure_kernels(deterministic: bool) -> None:
+    """cuDNN's exhaustive algorithm search (autotuning), or with --deterministic deterministic cuDNN kernels
+    only; flags of paddle's CUDA build (a CPU build has neither, nor needs them)."""
+    if paddle.device.is_compiled_with_cuda():
+        paddle.set_flags(
+            {"FLAGS_cudnn_deterministic": deterministic, "FLAGS_cudnn_exhaustive_search": not deterministic}
+        )

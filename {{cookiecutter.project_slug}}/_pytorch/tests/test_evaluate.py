@@ -24,7 +24,7 @@ def test_evaluate_reports_loss_and_accuracy_over_every_validation_sample_once():
     env = env_of(0, 1)
     _, val_loader = loaders.build_loaders(val_set, val_set, 4, 0, 0, env)  # 10 samples: batches of 4, 4 and 2
 
-    stats = engine.evaluate(nn.Identity(), val_loader, env, use_amp=False)
+    stats = engine.evaluate(nn.Identity(), val_loader, env)
 
     assert stats["samples"] == 10
     assert stats["acc"] == pytest.approx(7 / 10)
@@ -38,7 +38,7 @@ def test_evaluate_leaves_the_model_in_eval_mode_and_does_not_train_it():
     env = env_of(0, 1)
     _, val_loader = loaders.build_loaders(val_set, val_set, 4, 0, 0, env)
 
-    engine.evaluate(model, val_loader, env, use_amp=False)
+    engine.evaluate(model, val_loader, env)
 
     assert not model.training
     assert torch.equal(model.weight, weights)

@@ -168,13 +168,18 @@ def sync_batch_norm(model: torch.nn.Module, env: DistEnv, enabled: bool) -> torc
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def wrap_model(model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> torch.nn.Module:
-    """The model on this rank's device, in DistributedDataParallel on several ranks."""
-    model = model.to(env.device)
-    if env.world_size == 1:
-        return model
-    device_ids = [env.local_rank] if env.on_gpu else None
-    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+def wrap_model(
+    model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
+    channels_last: bool = False,
+) -> torch.nn.Module:  # fmt: skip
+    """The model on this rank's device (in channels-last memory format with --channels-last: convolutions then
+    run on channels-last inputs), in DistributedDataParallel on several ranks, then torch.compile()d with
+    --compile (the order PyTorch documents for DDP). unwrap() gives the plain model back."""
+    model = model.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    if env.world_size > 1:
+        device_ids = [env.local_rank] if env.on_gpu else None
+        model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+    return torch.compile(model) if compile else model
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -183,7 +188,8 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's model, without the DDP wrapper (and without its "module." prefix)."""
+    """The user's model, without torch.compile's wrapper ("_orig_mod.") and DDP's ("module.")."""
+    model = getattr(model, "_orig_mod", model)
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 

@@ -7,13 +7,14 @@ device and is read every --log-every steps only.
 import contextlib
 import logging
 import math
+import os
 import random
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from . import distributed, loaders
+from . import distributed, hardware, loaders
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
-    watch: LoaderWatch | None = None,
+    watch: LoaderWatch | None = None, amp_dtype: str | None = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
     the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
@@ -38,6 +39,7 @@ def train_one_epoch(
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
     `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker`.
+    `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     """
     model.train()
     loss_fn = build_loss()
@@ -48,7 +50,6 @@ def train_one_epoch(
     loss_sum = torch.tensor(progress.loss_sum, device=env.device)
     seen = progress.seen
     steps = progress.step + len(loader)
-    use_amp = scaler.is_enabled()
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, (images, labels) in enumerate(batches, progress.step + 1):
@@ -58,7 +59,7 @@ def train_one_epoch(
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
-            with torch.autocast(env.device.type, enabled=use_amp):
+            with autocast(env, amp_dtype):
                 loss = loss_fn(model(images), labels)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
@@ -85,8 +86,9 @@ def train_one_epoch(
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
-def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
-    """Loss and accuracy over the whole validation set, each sample counted once across ranks."""
+def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> dict:
+    """Loss and accuracy over the whole validation set, each sample counted once across ranks, in the training's
+    precision."""
     # The unwrapped model: ranks may run different numbers of batches, and DDP's
     # forward would wait for the others.
     model = distributed.unwrap(model)
@@ -98,7 +100,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, use_amp: bool) -> dict:
     for images, labels in loader:
         images = images.to(env.device, non_blocking=True)
         labels = labels.to(env.device, non_blocking=True)
-        with torch.autocast(env.device.type, enabled=use_amp):
+        with autocast(env, amp_dtype):
             logits = model(images)
         loss_sum += loss_fn(logits.float(), labels) * len(labels)
         correct += (logits.argmax(dim=1) == labels).sum()
@@ -121,6 +123,33 @@ def cosine_schedule(optimizer, epochs: int) -> torch.optim.lr_scheduler.LambdaLR
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
 
 
-def grad_scaler(enabled: bool) -> torch.amp.GradScaler:
-    """Loss scaling for mixed precision (GPU only); a pass-through when disabled."""
-    return torch.amp.GradScaler("cuda", enabled=enabled)
+def grad_scaler(amp_dtype: str | None) -> torch.amp.GradScaler:
+    """Loss scaling, which float16 needs (bfloat16 has float32's range); a pass-through otherwise."""
+    return torch.amp.GradScaler("cuda", enabled=amp_dtype == "fp16")
+
+
+def mixed_precision(amp: bool, asked: str, env: DistEnv) -> str | None:
+    """This run's autocast dtype on this rank's GPU, by hardware.amp_dtype()'s rule ("bf16", "fp16"; None: full
+    precision). In full precision on a GPU that has TF32 (compute capability 8.0+), matrix products use it."""
+    capability = torch.cuda.get_device_capability(env.device) if env.on_gpu else None
+    dtype = hardware.amp_dtype(amp, asked, capability)
+    if dtype is None and capability is not None and capability >= (8, 0):
+        torch.backends.cuda.matmul.allow_tf32 = True  # cuDNN's convolutions use TF32 by default already
+        log.info("full precision, with TF32 matrix maths (--amp for mixed precision)")
+    return dtype
+
+
+def autocast(env: DistEnv, amp_dtype: str | None):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp_dtype)
+    return torch.autocast(env.device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def configure_kernels(deterministic: bool) -> None:
+    """cuDNN autotuning (the fastest kernels for the shapes it meets), or with --deterministic reproducible
+    kernels only: deterministic algorithms, no autotuning, and cuBLAS's fixed workspace, whose variable must
+    be set before CUDA starts (so: before distributed.setup())."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic

@@ -1,0 +1,104 @@
+"""Speed switches and mixed precision, decided without a GPU: the compute capability is an argument."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from {{ cookiecutter.project_slug }} import checkpoint, cli, distributed, hardware, inference, settings
+from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.model import build_model
+from {{ cookiecutter.project_slug }}.state import TrainingState
+
+
+@pytest.mark.parametrize(
+    "capability, asked, dtype",
+    [
+        ((7, 0), "auto", "fp16"),  # V100: bfloat16 only emulated
+        ((7, 5), "fp16", "fp16"),  # T4
+        ((8, 0), "auto", "bf16"),  # A100
+        ((9, 0), "auto", "bf16"),  # H100
+        ((9, 0), "fp16", "fp16"),  # forced: the float16 path with its scaler, on a GPU that has both
+        (None, "auto", None),  # no GPU: full precision
+    ],
+)
+def test_mixed_precision_is_bfloat16_from_compute_capability_8_and_float16_before(capability, asked, dtype):
+    assert hardware.amp_dtype(True, asked, capability) == dtype
+
+
+def test_no_amp_is_full_precision_on_any_gpu():
+    assert hardware.amp_dtype(False, "bf16", (9, 0)) is None
+
+
+def test_bfloat16_forced_on_a_gpu_without_it_is_one_line():
+    with pytest.raises(UserError, match=r"--amp-dtype bf16: this GPU \(compute capability 7.5\) has no native"):
+        hardware.amp_dtype(True, "bf16", (7, 5))
+
+
+def test_a_resume_in_another_precision_says_so(caplog):
+    saved = TrainingState(epochs_done=3, amp_dtype="bf16")  # trained on an A100, resumed on a V100
+
+    with caplog.at_level(logging.INFO):
+        saved.switch_precision("fp16")
+
+    assert "the checkpoint trained in bf16; this run trains in fp16" in caplog.text
+    assert saved.amp_dtype == "fp16"
+
+
+def test_channels_last_puts_convolution_weights_in_channels_last_or_says_paddle_has_no_switch(caplog):
+    if settings.FRAMEWORK == "pytorch":
+        import torch
+
+    env = distributed.DistEnv(0, 0, 1, torch.device("cpu") if settings.FRAMEWORK == "pytorch" else "cpu")
+
+    with caplog.at_level(logging.INFO):
+        model = distributed.wrap_model(build_model(10), env, channels_last=True)
+
+    if settings.FRAMEWORK == "pytorch":
+        conv = next(layer for layer in model.modules() if isinstance(layer, torch.nn.Conv2d))
+        assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    else:
+        assert "--channels-last is PyTorch's" in caplog.text
+
+
+def run_sh(project_root, output, *args: str, nproc: int = 2) -> str:
+    command = ["bash", "run.sh", "--device", "cpu", "--output-dir", str(output), "--batch-size", "64", *args]
+    if settings.DATASET == "zip":
+        command += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
+    env.update(NPROC_PER_NODE=str(nproc), PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"])
+    result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return (output / "train.log").read_text()
+
+
+def losses(output) -> list[tuple]:
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return [(row["epoch"], row["train_loss"], row["val_loss"], row["val_acc"]) for row in rows]
+
+
+@pytest.mark.slow
+def test_two_deterministic_runs_train_the_same_losses(project_root, tmp_path):
+    for name in ("first", "second"):
+        log = run_sh(project_root, tmp_path / name / "output", "--epochs", "2", "--deterministic", nproc=1)
+        assert "1 process(es) on cpu, full precision;" in log
+
+    assert losses(tmp_path / "first" / "output") == losses(tmp_path / "second" / "output")
+
+
+@pytest.mark.slow
+def test_a_compiled_run_saves_the_plain_model_and_resumes_with_or_without_compile(project_root, tmp_path):
+    output = tmp_path / "output"
+
+    log = run_sh(project_root, output, "--epochs", "1", "--compile")
+    weights, data = checkpoint.read_weights(inference.checkpoint_path(output, "last"))
+    run_sh(project_root, output, "--epochs", "2")  # resumed without --compile
+    run_sh(project_root, output, "--epochs", "3", "--compile")  # and with it again
+
+    assert sorted(weights) == sorted(build_model(len(data["classes"])).state_dict())  # no _orig_mod., no module.
+    assert [epoch for epoch, *_ in losses(output)] == [1, 2, 3]
+    if settings.FRAMEWORK == "paddle":
+        assert "--compile is PyTorch's" in log
