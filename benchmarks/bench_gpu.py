@@ -103,7 +103,8 @@ def network() -> nn.Module:
 
 def random_data(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return torch.randn(samples, 3, 32, 32, generator=generator), torch.randint(0, CLASSES, (samples,), generator=generator)
+    images = torch.randn(samples, 3, 32, 32, generator=generator)
+    return images, torch.randint(0, CLASSES, (samples,), generator=generator)
 
 
 def timed_epochs(epochs: int, one_epoch) -> float:
