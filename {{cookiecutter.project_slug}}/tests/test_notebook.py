@@ -95,6 +95,11 @@ def data_args(tmp_path_factory) -> list[str]:
     return ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(data_dir)]
 
 
+def cpu_args(output_dir: Path) -> list[str]:
+    """On CPUs: any machine can start two ranks (one GPU cannot take both), and this process never starts CUDA."""
+    return ["--output-dir", str(output_dir), "--device", "cpu"]
+
+
 def training_args(output_dir: Path, data_args: list[str], epochs: int = 1) -> list[str]:
     return ["--epochs", str(epochs), "--output-dir", str(output_dir), "--device", "cpu", *data_args]
 
@@ -108,7 +113,7 @@ def test_a_function_defined_in_a_notebook_runs_on_two_ranks_that_know_their_rank
     assert not notebook.importable(report_rank)  # as a cell's function: spawn could not start it
     before = children()
 
-    notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=report_rank)
+    notebook.launch(cpu_args(tmp_path), nproc=2, train=report_rank)
 
     lines = [(tmp_path / f"rank{rank}.txt").read_text().split() for rank in (0, 1)]
     assert [line[:3] for line in lines] == [["0", "2", "2"], ["1", "2", "2"]]
@@ -120,7 +125,7 @@ def test_launch_can_be_called_again_in_the_same_process(tmp_path):
     report_rank = notebook_function("report_rank")
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
-        notebook.launch(["--output-dir", str(tmp_path / run)], nproc=2, train=report_rank)
+        notebook.launch(cpu_args(tmp_path / run), nproc=2, train=report_rank)
     assert sorted(p.name for p in (tmp_path / "second").iterdir()) == ["rank0.txt", "rank1.txt"]
 
 
@@ -129,7 +134,7 @@ def test_a_failing_rank_raises_one_exception_with_its_error_and_the_others_are_s
     started = time.monotonic()
 
     with pytest.raises(notebook.RankFailed) as failure:
-        notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=notebook_function("fail_on_rank_1"))
+        notebook.launch(cpu_args(tmp_path), nproc=2, train=notebook_function("fail_on_rank_1"))
 
     assert str(failure.value) == "ValueError: rank 1 cannot go on"
     assert failure.value.rank == 1
@@ -142,7 +147,7 @@ def test_a_user_error_in_the_ranks_comes_back_as_its_one_line(tmp_path):
     missing = tmp_path / "missing"
 
     with pytest.raises(notebook.RankFailed) as failure:
-        notebook.launch(["--no-synthetic", "--data-dir", str(missing), "--output-dir", str(tmp_path)], nproc=2)
+        notebook.launch(["--no-synthetic", "--data-dir", str(missing), *cpu_args(tmp_path)], nproc=2)
 
     assert str(failure.value).startswith(f"data folder {missing / 'train'} not found")
     assert "\n" not in str(failure.value)
@@ -151,7 +156,7 @@ def test_a_user_error_in_the_ranks_comes_back_as_its_one_line(tmp_path):
 
 def test_a_rank_that_stops_with_status_143_is_reported_as_stopped(tmp_path):
     with pytest.raises(notebook.RankFailed, match="stopped by SIGTERM"):
-        notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=notebook_function("exit_stopped"))
+        notebook.launch(cpu_args(tmp_path), nproc=2, train=notebook_function("exit_stopped"))
 
 
 def test_bad_arguments_are_a_user_error_before_any_process_starts():
@@ -165,7 +170,7 @@ def test_a_notebook_function_is_refused_in_one_line_where_fork_cannot_work(monke
     monkeypatch.setattr(notebook, "fork_blocker", lambda: "CUDA is initialised in this kernel")
 
     with pytest.raises(UserError) as refusal:
-        notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=notebook_function("report_rank"))
+        notebook.launch(cpu_args(tmp_path), nproc=2, train=notebook_function("report_rank"))
 
     message = str(refusal.value)
     assert "\n" not in message
@@ -220,7 +225,7 @@ def test_train_here_trains_in_this_process_and_leaves_it_as_it_was(trained_here)
 
 def test_train_here_raises_a_user_error_instead_of_exiting(tmp_path):
     with pytest.raises(UserError, match="not found"):
-        notebook.train_here(["--no-synthetic", "--data-dir", str(tmp_path / "missing"), "--output-dir", str(tmp_path)])
+        notebook.train_here(["--no-synthetic", "--data-dir", str(tmp_path / "missing"), *cpu_args(tmp_path)])
 
 
 def test_the_best_checkpoint_predicts_a_class_for_each_validation_image(trained_here, data_args):
@@ -238,7 +243,7 @@ def test_the_best_checkpoint_predicts_a_class_for_each_validation_image(trained_
 
 def test_a_missing_checkpoint_is_one_line_naming_it(tmp_path):
     with pytest.raises(UserError, match="not found"):
-        inference.load_for_inference(tmp_path / "best.pt")
+        inference.load_for_inference(tmp_path / "best.pt", device="cpu")
 
 
 def test_each_notebook_run_gets_a_fresh_output_folder(tmp_path):
@@ -254,7 +259,7 @@ from {{ cookiecutter.project_slug }} import notebook
 namespace = {"__name__": "__main__"}
 exec(compile(sys.argv[3], "<notebook cell>", "exec"), namespace)
 try:
-    notebook.launch(["--output-dir", sys.argv[1]], nproc=2, train=namespace["wait_for_the_stop"])
+    notebook.launch(["--output-dir", sys.argv[1], "--device", "cpu"], nproc=2, train=namespace["wait_for_the_stop"])
 except KeyboardInterrupt:
     print("interrupted")
 """

@@ -65,6 +65,7 @@ def test_one_and_two_processes_write_the_same_file_with_one_sorted_row_per_image
     project_root, checkpoint, test_images, tmp_path
 ):
     args = ["--checkpoint", str(checkpoint), "--input", str(test_images), "--probabilities", "--batch-size", "64"]
+    args += ["--device", "cpu"]  # two processes on a machine: CPUs (one GPU cannot take both)
 
     run([sys.executable, "predict.py", *args, "--output", str(tmp_path / "one.csv")], project_root)
     run(["bash", "predict.sh", *args, "--output", str(tmp_path / "two.csv")], project_root, nproc=2)

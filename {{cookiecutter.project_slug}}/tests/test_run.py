@@ -230,6 +230,7 @@ def test_init_from_a_checkpoint_of_ten_classes_fine_tunes_on_three_and_lists_the
     trained = inference.checkpoint_path(two_process_run, "best")
     output_dir = tmp_path / "output"
     args = ["--data-dir", str(data_dir), "--output-dir", str(output_dir), "--init-from", str(trained)]
+    args += ["--device", "cpu"]  # on CPUs, as the checkpoint was trained (the GPU tier crosses devices)
 
     started = run([sys.executable, "run.py", *args, "--epochs", "1"], project_root, nproc=1)
     resumed = run([sys.executable, "run.py", *args, "--epochs", "2"], project_root, nproc=1)

@@ -125,7 +125,7 @@ def test_of_two_ranks_only_rank_0_writes(tmp_path):
     namespace = {"__name__": "__main__"}
     exec(compile(CELL, "<notebook cell>", "exec"), namespace)
 
-    notebook.launch(["--output-dir", str(tmp_path)], nproc=2, train=namespace["track"])
+    notebook.launch(["--output-dir", str(tmp_path), "--device", "cpu"], nproc=2, train=namespace["track"])
 
     assert curve(tmp_path, "train/loss") == [(1, 0.0)]
     assert curve(tmp_path, "epoch/val_acc") == [(1, 0.0)]

@@ -78,7 +78,7 @@ def test_run_py_spawns_its_processes_only_when_no_launcher_did(clean_env, launch
     clean_env.setattr(distributed.dist, "spawn", spawn)
     clean_env.setattr(distributed.signal, "signal", lambda signum, handler: None)  # pytest keeps its own
 
-    args = argparse.Namespace(device="auto")
+    args = argparse.Namespace(device="cpu")
     distributed.launch(lambda args: ran_here.append(args), args)
 
     assert spawned == ([2] if spawns else [])

@@ -106,7 +106,8 @@ def train_in_ranks(tmp_path, loop: str, world_size: int, batch_size: int, grad_a
     """Train in world_size processes started by paddle.distributed.spawn, joined by gloo; every rank's result."""
     out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
     out_dir.mkdir()
-    dist.spawn(rank_worker, args=(loop, batch_size, grad_accum, str(out_dir)), nprocs=world_size)
+    # gloo, as the ranks train on CPUs (setup("cpu")): spawn's default on a GPU machine is one GPU per rank
+    dist.spawn(rank_worker, args=(loop, batch_size, grad_accum, str(out_dir)), nprocs=world_size, backend="gloo")
     results = []
     for rank in range(world_size):
         with np.load(out_dir / f"rank{rank}.npz") as saved:

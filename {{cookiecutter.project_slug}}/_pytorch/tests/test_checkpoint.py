@@ -297,6 +297,7 @@ def gpu_written_checkpoint(tmp_path, monkeypatch) -> tuple:
 
 def test_a_checkpoint_written_on_a_gpu_resumes_on_a_machine_without_one(tmp_path, monkeypatch):
     saver, _ = gpu_written_checkpoint(tmp_path, monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU here, and no CUDA driver started
     with pytest.raises(RuntimeError, match="CUDA"):
         torch.load(tmp_path / "last.pt", weights_only=True)  # it really asks for a GPU where it is not mapped
 
