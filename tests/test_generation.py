@@ -54,6 +54,7 @@ SHARED_TESTS = {
     "test_on_gpu.py",
     "test_loading.py",
     "test_speed.py",
+    "test_resume_flags.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},

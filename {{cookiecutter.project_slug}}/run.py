@@ -38,7 +38,7 @@ def train(args) -> None:
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = distributed.wrap_model(network, env, args.find_unused_parameters, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        optimizer = build_optimizer(model, args.lr)
+        optimizer = build_optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         optimizer = distributed.wrap_optimizer(optimizer)
         amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
@@ -46,7 +46,7 @@ def train(args) -> None:
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
-        state = checkpoints.resume(args.resume, args.init_from)
+        state = checkpoints.resume(args.resume, args.init_from, args.lr)
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         state.switch_precision(amp_dtype)
         workers = train_loader.num_workers

@@ -210,7 +210,8 @@ def test_device_auto_says_why_it_trains_on_the_cpu_where_gpus_cannot_be_used(dri
     assert line.startswith("warning: ") and line.endswith("; training on the CPU")
 
 
-def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(monkeypatch, capsys):
+def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(gpus, monkeypatch, capsys):
+    gpus(0)
     monkeypatch.setattr(distributed.hardware, "nvidia_driver_present", lambda: False)
 
     assert not distributed.setup("auto").on_gpu

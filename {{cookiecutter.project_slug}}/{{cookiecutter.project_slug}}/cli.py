@@ -13,6 +13,7 @@ SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / "digits"
 SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / "digits.zip"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
+DEFAULT_LR = 0.05
 
 
 def positive_int(text: str) -> int:
@@ -48,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch size PER PROCESS; the global batch is this x world size x --grad-accum",
     )
     parser.add_argument(
-        "--lr", type=float, default=0.05, help="learning rate for the global batch (not scaled for you)"
+        "--lr",
+        type=float,
+        help=f"learning rate for the global batch (not scaled for you; default {DEFAULT_LR}); a resumed run keeps "
+        "its own unless this is given, and then trains at it from there on, the schedule continuing from it",
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument(

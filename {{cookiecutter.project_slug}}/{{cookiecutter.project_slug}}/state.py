@@ -37,6 +37,9 @@ class TrainingState:
     global_batch_size: int | None = None  # --global-batch-size of the run: kept by a resume on another world size
     grad_accum: int = 1  # the accumulation steps the run trains with
     amp_dtype: str | None = None  # its mixed precision: "bf16", "fp16", or None (full)
+    # The learning rate its schedule decays from (not compared: two states at the same point are equal whatever
+    # rate build_optimizer() gave them).
+    base_lr: float | None = field(default=None, compare=False)
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -82,7 +85,7 @@ class CheckpointerBase:
 
     A framework's Checkpointer adds its files: _write() (rank 0) and _read(), which loads the
     model, optimizer, schedule and scaler; _init_weights() for --init-from; and its random
-    streams and schedule.
+    streams and schedule (its base rate, and the factor of the epoch it is at).
     """
 
     def __init__(self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None):
@@ -105,12 +108,14 @@ class CheckpointerBase:
         if stopped.progress.step:
             self._save(replace(self.state, progress=stopped.progress), is_best=False)
 
-    def resume(self, how: str, init_from: str | None = None) -> TrainingState:
+    def resume(self, how: str, init_from: str | None = None, lr: float | None = None) -> TrainingState:
         """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
 
         Every rank loads it, and all must find the same point: a machine that cannot see the
         checkpoint would otherwise start afresh and train a different model. A fresh start
-        begins from the weights of `init_from` (--init-from), where they fit the model.
+        begins from the weights of `init_from` (--init-from), where they fit the model. A resumed
+        run keeps its learning rate, or, given `lr` (--lr), trains at it from there on, the
+        schedule continuing from it.
         """
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
@@ -128,6 +133,14 @@ class CheckpointerBase:
                 f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
                 "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
             )
+        if loaded is not None and self.state.base_lr is not None:
+            self._set_base_lr(self.state.base_lr)  # the run's own, not build_optimizer()'s default
+        if loaded is not None and lr is not None:
+            factor = self._schedule_factor()
+            log.info("--lr %g: the resumed run trains at it from epoch %d on (it was at %g), the schedule going on "
+                     "from it", lr, self.state.epochs_done + 1, self._base_lr() * factor)  # fmt: skip
+            self._set_base_lr(lr / factor if factor > 0 else lr)
+        self.state.base_lr = self._base_lr()
         self._reapply_schedule()
         return self.state
 
@@ -162,6 +175,7 @@ class CheckpointerBase:
                 "global_batch_size": state.global_batch_size,
                 "grad_accum": state.grad_accum,
                 "amp_dtype": state.amp_dtype,
+                "base_lr": state.base_lr,
             }
             self._write(training, is_best)
 
@@ -182,7 +196,7 @@ class CheckpointerBase:
             log.info("resumed from %s (epoch %d)", path, saved["epoch"])
         return TrainingState(
             saved["epoch"], saved["best_acc"], progress,
-            saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"),
+            saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
         )  # fmt: skip
 
 

@@ -39,14 +39,14 @@ def train(args) -> None:
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = fit.paddle_model(network, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        optimizer = build_optimizer(network, args.lr)
+        optimizer = build_optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
         amp_dtype = "fp16" if engine.mixed_precision(args.amp, args.amp_dtype, env) else None
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler, data=data)
-        state = checkpoints.resume(args.resume, args.init_from)
+        state = checkpoints.resume(args.resume, args.init_from, args.lr)
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         state.switch_precision(amp_dtype)
         # (After the resume: the accumulation steps may be the checkpoint's.)

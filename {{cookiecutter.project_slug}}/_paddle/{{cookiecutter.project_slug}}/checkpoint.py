@@ -124,6 +124,15 @@ class Checkpointer(CheckpointerBase):
         """
         self.scheduler.last_lr = self.scheduler.get_lr()
 
+    def _base_lr(self) -> float:
+        return self.scheduler.base_lr
+
+    def _set_base_lr(self, lr: float) -> None:
+        self.scheduler.base_lr = lr  # (paddle's schedule state, in the optimizer's, holds no base rate)
+
+    def _schedule_factor(self) -> float:
+        return self.scheduler.lr_lambda(self.scheduler.last_epoch)
+
     def _capture_rng(self) -> dict:
         """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the
         checkpoint resumes on a machine that sees another number of GPUs, or none."""

@@ -86,6 +86,17 @@ class Checkpointer(CheckpointerBase):
         ):
             group["lr"] = base_lr * factor(scheduler.last_epoch)
 
+    def _base_lr(self) -> float:
+        return self.scheduler.base_lrs[0]
+
+    def _set_base_lr(self, lr: float) -> None:
+        self.scheduler.base_lrs = [lr] * len(self.scheduler.base_lrs)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+
+    def _schedule_factor(self) -> float:
+        return self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+
     def _capture_rng(self) -> dict:
         """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the
         checkpoint resumes on a machine that sees another number of GPUs, or none."""
