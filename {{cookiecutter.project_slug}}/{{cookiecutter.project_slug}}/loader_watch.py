@@ -76,6 +76,6 @@ class LoaderWatch:
         else:
             return None
         return (
-            f"training waits for its data {self.data_wait:.0%} of the time with --workers {self.workers} "
+            f"training waits for its data {100 * self.data_wait:.0f} % of the time with --workers {self.workers} "
             f"({why}): try --workers {more}"
         )
