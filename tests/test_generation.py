@@ -23,6 +23,7 @@ SHARED_PACKAGE = {
     "submission",
     "hardware",
     "loader_watch",
+    "folder_lock",
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -55,6 +56,7 @@ SHARED_TESTS = {
     "test_loading.py",
     "test_speed.py",
     "test_resume_flags.py",
+    "test_folder_lock.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},

@@ -7,7 +7,19 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 import time
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import archive, cli, distributed, engine, images, loaders, logs, platforms, preemption, tracking
+from {{ cookiecutter.project_slug }} import (
+    archive,
+    cli,
+    distributed,
+    engine,
+    folder_lock,
+    images,
+    loaders,
+    logs,
+    platforms,
+    preemption,
+    tracking,
+)
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
@@ -20,7 +32,9 @@ def train(args) -> None:
     stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
     engine.configure_kernels(args.deterministic)  # before CUDA starts
     env = distributed.setup(args.device, args.dist_timeout)
+    lock = None
     try:
+        lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(args.output_dir, env.rank)
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
@@ -85,6 +99,7 @@ def train(args) -> None:
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()
     finally:
+        folder_lock.release(lock)
         distributed.cleanup()
 
 

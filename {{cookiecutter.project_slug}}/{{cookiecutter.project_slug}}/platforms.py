@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import hardware
+from . import folder_lock, hardware
 from .errors import more_processes_than_gpus
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -491,6 +491,8 @@ def main(argv: list[str]) -> None:
         gpus = visible_gpus()
         layout = decide(env, gpus)
         check_gpus(layout.nproc, gpus, args.device)
+        if script != "predict.py" and (busy := folder_lock.in_use(output_dir)):
+            raise PlatformError(busy)  # before the launcher writes its logs there
         master_ip = layout.master_addr
         if layout.nnodes > 1:
             master_ip = resolve(layout.master_addr, join_timeout(env))

@@ -1,0 +1,114 @@
+"""One job per output folder: a second job stops before it writes anything; a job that died holds nothing."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from {{ cookiecutter.project_slug }} import cli, folder_lock, settings
+
+pytestmark = pytest.mark.slow
+
+SLOW_STEPS = """
+
+import time
+
+_build_model = build_model
+
+
+def build_model(num_classes, channels=3):  # noqa: F811 - a test slows every step, to keep a job running
+    model = _build_model(num_classes, channels)
+    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.05))
+    return model
+"""
+
+
+@pytest.fixture
+def slow_project(project_root, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    with open(project / "{{ cookiecutter.project_slug }}" / "model.py", "a", encoding="utf-8") as model:
+        model.write(SLOW_STEPS)
+    return project
+
+
+def command(output, *script: str) -> list[str]:
+    args = ["--epochs", "2", "--device", "cpu", "--output-dir", str(output)]
+    if settings.DATASET == "zip":
+        args += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+    return [*script, *args]
+
+
+def environment(nproc: int = 2) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
+    return {**env, "NPROC_PER_NODE": str(nproc), "PATH": os.path.dirname(sys.executable) + os.pathsep + env["PATH"]}
+
+
+def start_and_wait_for_training(project, output) -> subprocess.Popen:
+    job = subprocess.Popen(
+        command(output, "bash", "run.sh"), cwd=project, env=environment(), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not ((output / "train.log").exists() and "process(es) on" in (output / "train.log").read_text()):
+        assert job.poll() is None and time.monotonic() < deadline, "the first job did not start training"
+        time.sleep(0.05)
+    return job
+
+
+def kill_job(job: subprocess.Popen, output) -> None:
+    """SIGKILL every process of the job, as a node failure or a container's end does: its launcher's group, and
+    the workers that paddle's launcher starts in sessions of their own (each has the output folder in its
+    command line)."""
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    subprocess.run(["pkill", "-KILL", "-f", str(output)], check=False)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-f", str(output)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "a process of the killed job is still running"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["run.sh", "python run.py"])
+def test_a_second_job_on_a_running_jobs_folder_stops_before_it_writes_anything(how, slow_project, tmp_path):
+    output = tmp_path / "output"
+    first = start_and_wait_for_training(slow_project, output)
+    files = {path.relative_to(output) for path in output.rglob("*")}
+    try:
+        script = ["bash", "run.sh"] if how == "run.sh" else [sys.executable, "run.py"]
+        second = subprocess.run(
+            command(output, *script), cwd=slow_project, env=environment(), capture_output=True, text=True, timeout=120
+        )
+        log_after = (output / "train.log").read_text()
+    finally:
+        kill_job(first, output)
+
+    assert second.returncode == 1
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all(line == errors[0] for line in errors), second.stderr
+    assert f"output folder {output} is in use by another job (host " in errors[0]
+    assert f"process {first.pid}" in errors[0] or "process " in errors[0]
+    assert log_after.count("process(es) on") == 1  # the second job logged nothing
+    assert files <= {path.relative_to(output) for path in output.rglob("*")}  # nothing of the first job's went
+
+
+def test_a_job_killed_with_sigkill_holds_nothing_and_the_next_one_resumes(slow_project, tmp_path):
+    output = tmp_path / "output"
+    first = start_and_wait_for_training(slow_project, output)
+    kill_job(first, output)
+
+    deadline = time.monotonic() + 10  # (a process whose command line is gone may still be closing its files)
+    while folder_lock.in_use(output) is not None:
+        assert time.monotonic() < deadline, folder_lock.in_use(output)
+        time.sleep(0.1)
+    result = subprocess.run(
+        command(output, "bash", "run.sh"), cwd=slow_project, env=environment(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "done: best val_acc" in (output / "train.log").read_text()

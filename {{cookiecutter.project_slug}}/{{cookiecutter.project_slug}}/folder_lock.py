@@ -1,0 +1,72 @@
+"""One job per output folder: rank 0 holds a lock on OUTPUT_DIR/.job.lock for as long as the job runs.
+
+The lock is the operating system's (flock): it goes when the process holding it ends, however it ends
+(SIGKILL and a crash included), so a requeue or a restart after a crash is never refused. A second job on
+the folder stops before it trains or writes anything, naming the host and process that hold it.
+"""
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from .errors import UserError
+
+LOCK_NAME = ".job.lock"
+
+
+def hold(output_dir: str | Path, env) -> int | None:
+    """On rank 0, take the folder's lock and keep it (the returned descriptor: release() it at the end);
+    on every rank, raise the same UserError when another job holds it."""
+    from . import distributed  # here: run.sh's platform step asks in_use() without importing the framework
+
+    descriptor, refusal = _take(Path(output_dir)) if env.is_main else (None, None)
+    refusal = distributed.all_gather_object(refusal)[0]  # every rank learns rank 0's verdict
+    if refusal:
+        raise UserError(refusal, shown=env.is_main)
+    return descriptor
+
+
+def release(descriptor: int | None) -> None:
+    if descriptor is not None:
+        os.close(descriptor)
+
+
+def in_use(output_dir: str | Path) -> str | None:
+    """Why a job cannot start on `output_dir` now (another holds it), or None; takes no lock and writes nothing."""
+    path = Path(output_dir) / LOCK_NAME
+    if not path.exists():
+        return None
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        return _refusal(Path(output_dir), descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _take(folder: Path) -> tuple[int | None, str | None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    refusal = _refusal(folder, descriptor)
+    if refusal:
+        os.close(descriptor)
+        return None, refusal
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(descriptor, 0)
+    holder = f"host {socket.gethostname()}, process {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    os.pwrite(descriptor, holder.encode(), 0)
+    return descriptor, None
+
+
+def _refusal(folder: Path, descriptor: int) -> str | None:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
+        return (
+            f"output folder {folder} is in use by another job ({holder}): wait for it to end or stop it, "
+            "or give this job another --output-dir"
+        )
+    fcntl.flock(descriptor, fcntl.LOCK_UN)
+    return None
