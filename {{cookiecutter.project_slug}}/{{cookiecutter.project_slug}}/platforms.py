@@ -491,8 +491,10 @@ def main(argv: list[str]) -> None:
         gpus = visible_gpus()
         layout = decide(env, gpus)
         check_gpus(layout.nproc, gpus, args.device)
-        if script != "predict.py" and (busy := folder_lock.in_use(output_dir)):
-            raise PlatformError(busy)  # before the launcher writes its logs there
+        # The machine of rank 0 (which holds the folder while the job runs) checks before its launcher writes logs
+        # there; the others share the folder with it.
+        if script != "predict.py" and layout.node_rank == 0 and (busy := folder_lock.in_use(output_dir)):
+            raise PlatformError(busy)
         master_ip = layout.master_addr
         if layout.nnodes > 1:
             master_ip = resolve(layout.master_addr, join_timeout(env))
