@@ -61,12 +61,10 @@ def start_and_wait_for_training(project, output) -> subprocess.Popen:
 
 
 def kill_job(job: subprocess.Popen, output) -> None:
-    """SIGKILL every process of the job, as a node failure or a container's end does: its launcher's group, and
-    the workers that paddle's launcher starts in sessions of their own (each has the output folder in its
-    command line)."""
+    """SIGKILL run.sh's process group, as `kill -9` does; ranks that paddle's launcher started in sessions of
+    their own die with it. Then wait until no process of the job is left."""
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
-    subprocess.run(["pkill", "-KILL", "-f", str(output)], check=False)
     deadline = time.monotonic() + 30
     while subprocess.run(["pgrep", "-f", str(output)], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "a process of the killed job is still running"

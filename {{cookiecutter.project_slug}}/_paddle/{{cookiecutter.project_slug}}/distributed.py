@@ -13,6 +13,7 @@ model, so it runs in wrap_model(), where the model's needs
 """
 
 import contextlib
+import ctypes
 import io
 import logging
 import os
@@ -109,6 +110,7 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         this_device = f"gpu:{index}"
     paddle.set_device(this_device)
     if world_size > 1:
+        _die_with_the_launcher()
         if this_device == "cpu":
             os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
         os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
@@ -118,6 +120,22 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
             dist.init_parallel_env()
     # launch and fleetrun set PADDLE_LOCAL_SIZE; spawn starts the processes of one machine.
     return DistEnv(rank, local_rank, world_size, this_device, int(os.environ.get("PADDLE_LOCAL_SIZE", world_size)))
+
+
+def _die_with_the_launcher() -> None:
+    """Linux: this rank gets SIGKILL when the process that started it dies.
+
+    paddle's launcher starts each rank in a session of its own: a launcher killed outright (kill -9 of run.sh's
+    process group, as a test or a user does) would leave its ranks training on, holding the output folder.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:  # it died before prctl() took effect
+        os._exit(1)
 
 
 def _wait_for_the_store(timeout_s: float) -> None:
