@@ -22,7 +22,7 @@ _build_model = build_model
 
 def build_model(num_classes, channels=3):  # noqa: F811 - a test slows every step, to keep a job running
     model = _build_model(num_classes, channels)
-    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.05))
+    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.2))  # an epoch takes 5 s
     return model
 """
 
@@ -43,9 +43,10 @@ def command(output, *script: str) -> list[str]:
     return [*script, *args]
 
 
-def environment(nproc: int = 2) -> dict:
+def environment(nproc: int = 2, wait_s: float = 60) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
-    return {**env, "NPROC_PER_NODE": str(nproc), "PATH": os.path.dirname(sys.executable) + os.pathsep + env["PATH"]}
+    path = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    return {**env, "NPROC_PER_NODE": str(nproc), "PATH": path, folder_lock.WAIT_VARIABLE: str(wait_s)}
 
 
 def start_and_wait_for_training(project, output) -> subprocess.Popen:
@@ -78,14 +79,19 @@ def test_a_second_job_on_a_running_jobs_folder_stops_before_it_writes_anything(h
     files = {path.relative_to(output) for path in output.rglob("*")}
     try:
         script = ["bash", "run.sh"] if how == "run.sh" else [sys.executable, "run.py"]
+        started = time.monotonic()
         second = subprocess.run(
-            command(output, *script), cwd=slow_project, env=environment(), capture_output=True, text=True, timeout=120
-        )
+            command(output, *script), cwd=slow_project, env=environment(wait_s=3), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        waited = time.monotonic() - started
         log_after = (output / "train.log").read_text()
     finally:
         kill_job(first, output)
 
     assert second.returncode == 1
+    assert waited >= 3  # JOB_LOCK_WAIT: time for a job that is only stopping
+    assert f"waiting for the job that holds {output} to end" in second.stderr
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert errors and all(line == errors[0] for line in errors), second.stderr
     assert f"output folder {output} is in use by another job (host " in errors[0]
@@ -94,19 +100,20 @@ def test_a_second_job_on_a_running_jobs_folder_stops_before_it_writes_anything(h
     assert files <= {path.relative_to(output) for path in output.rglob("*")}  # nothing of the first job's went
 
 
-def test_a_job_killed_with_sigkill_holds_nothing_and_the_next_one_resumes(slow_project, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["stopping", "killed"])
+def test_the_next_job_waits_for_one_that_is_stopping_and_a_killed_one_holds_nothing(signum, slow_project, tmp_path):
     output = tmp_path / "output"
     first = start_and_wait_for_training(slow_project, output)
-    kill_job(first, output)
 
-    deadline = time.monotonic() + 10  # (a process whose command line is gone may still be closing its files)
-    while folder_lock.in_use(output) is not None:
-        assert time.monotonic() < deadline, folder_lock.in_use(output)
-        time.sleep(0.1)
+    os.killpg(first.pid, signum)  # scancel (SIGTERM: it saves first), or kill -9; then at once the same command
     result = subprocess.run(
         command(output, "bash", "run.sh"), cwd=slow_project, env=environment(), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
 
+    assert first.wait(timeout=60) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "done: best val_acc" in (output / "train.log").read_text()
+    log = (output / "train.log").read_text()
+    assert "done: best val_acc" in log
+    if signum == signal.SIGTERM:
+        assert "resumed from" in log

@@ -1,19 +1,23 @@
 """One job per output folder: rank 0 holds a lock on OUTPUT_DIR/.job.lock for as long as the job runs.
 
 The lock is the operating system's (flock): it goes when the process holding it ends, however it ends
-(SIGKILL and a crash included), so a requeue or a restart after a crash is never refused. A second job on
-the folder stops before it trains or writes anything, naming the host and process that hold it.
+(SIGKILL and a crash included), so a requeue or a restart after a crash is never refused. A job that is
+still stopping (saving after scancel's SIGTERM when `sbatch` comes again) gets JOB_LOCK_WAIT seconds to end
+(default 60); after that, the second job stops before it trains or writes anything, naming the host and
+process that hold the folder.
 """
 
 import fcntl
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
 from .errors import UserError
 
 LOCK_NAME = ".job.lock"
+WAIT_VARIABLE, DEFAULT_WAIT_S = "JOB_LOCK_WAIT", 60.0
 
 
 def hold(output_dir: str | Path, env) -> int | None:
@@ -34,13 +38,17 @@ def release(descriptor: int | None) -> None:
 
 
 def in_use(output_dir: str | Path) -> str | None:
-    """Why a job cannot start on `output_dir` now (another holds it), or None; takes no lock and writes nothing."""
+    """Why a job cannot start on `output_dir` (another holds it, and did not end within JOB_LOCK_WAIT), or None;
+    takes no lock and writes nothing."""
     path = Path(output_dir) / LOCK_NAME
     if not path.exists():
         return None
     descriptor = os.open(path, os.O_RDONLY)
     try:
-        return _refusal(Path(output_dir), descriptor)
+        refusal = _refusal_after_waiting(Path(output_dir), descriptor)
+        if refusal is None:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        return refusal
     finally:
         os.close(descriptor)
 
@@ -48,25 +56,32 @@ def in_use(output_dir: str | Path) -> str | None:
 def _take(folder: Path) -> tuple[int | None, str | None]:
     folder.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    refusal = _refusal(folder, descriptor)
+    refusal = _refusal_after_waiting(folder, descriptor)
     if refusal:
         os.close(descriptor)
         return None, refusal
-    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.ftruncate(descriptor, 0)
     holder = f"host {socket.gethostname()}, process {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     os.pwrite(descriptor, holder.encode(), 0)
     return descriptor, None
 
 
-def _refusal(folder: Path, descriptor: int) -> str | None:
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
-        return (
-            f"output folder {folder} is in use by another job ({holder}): wait for it to end or stop it, "
-            "or give this job another --output-dir"
-        )
-    fcntl.flock(descriptor, fcntl.LOCK_UN)
-    return None
+def _refusal_after_waiting(folder: Path, descriptor: int) -> str | None:
+    """Lock `descriptor` (None), or, when another job still holds it after JOB_LOCK_WAIT seconds, why not."""
+    deadline = time.monotonic() + float(os.environ.get(WAIT_VARIABLE) or DEFAULT_WAIT_S)
+    told = False
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
+        if time.monotonic() >= deadline:
+            return (
+                f"output folder {folder} is in use by another job ({holder}): wait for it to end or stop it, "
+                "or give this job another --output-dir"
+            )
+        if not told:
+            print(f"waiting for the job that holds {folder} to end ({holder})", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(0.5)
