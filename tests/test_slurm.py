@@ -72,8 +72,11 @@ def read_metrics(output: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
 
 
+TIMINGS = ("epoch_time_s", "data_wait")  # clock readings, not results
+
+
 def without_timings(metrics: list[dict]) -> list[dict]:
-    return [{key: value for key, value in record.items() if key != "epoch_time_s"} for record in metrics]
+    return [{key: value for key, value in record.items() if key not in TIMINGS} for record in metrics]
 
 
 def ended(cluster, job: Job, timeout_s: float = 600) -> dict:

@@ -35,6 +35,7 @@ METRIC_KEYS = {
     "train_samples",
     "val_samples",
     "epoch_time_s",
+    "data_wait",
 }
 CHECKPOINT_FILES = {
     "pytorch": {"last.pt", "best.pt"},

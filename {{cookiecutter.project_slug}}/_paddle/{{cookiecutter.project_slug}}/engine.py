@@ -58,7 +58,7 @@ def train_one_epoch(
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
-            with autocast(amp_dtype):
+            with _autocast(amp_dtype):
                 loss = loss_fn(model(images), labels)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
@@ -96,7 +96,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     correct = paddle.zeros([])
     count = 0
     for images, labels in loader:
-        with autocast(amp_dtype):
+        with _autocast(amp_dtype):
             logits = model(images)
         loss_sum += loss_fn(logits.astype("float32"), labels) * len(labels)
         correct += (logits.argmax(axis=1) == labels).astype("float32").sum()
@@ -138,7 +138,7 @@ def mixed_precision(amp: bool, asked: str, env: DistEnv) -> str | None:
     return hardware.amp_dtype(amp, asked, capability)
 
 
-def autocast(amp_dtype: str | None):
+def _autocast(amp_dtype: str | None):
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(amp_dtype, "float16")
     return paddle.amp.auto_cast(enable=amp_dtype is not None, dtype=dtype)
 

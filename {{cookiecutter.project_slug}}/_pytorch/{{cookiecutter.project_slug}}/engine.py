@@ -59,7 +59,7 @@ def train_one_epoch(
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
-            with autocast(env, amp_dtype):
+            with _autocast(env, amp_dtype):
                 loss = loss_fn(model(images), labels)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
@@ -100,7 +100,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     for images, labels in loader:
         images = images.to(env.device, non_blocking=True)
         labels = labels.to(env.device, non_blocking=True)
-        with autocast(env, amp_dtype):
+        with _autocast(env, amp_dtype):
             logits = model(images)
         loss_sum += loss_fn(logits.float(), labels) * len(labels)
         correct += (logits.argmax(dim=1) == labels).sum()
@@ -139,7 +139,7 @@ def mixed_precision(amp: bool, asked: str, env: DistEnv) -> str | None:
     return dtype
 
 
-def autocast(env: DistEnv, amp_dtype: str | None):
+def _autocast(env: DistEnv, amp_dtype: str | None):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp_dtype)
     return torch.autocast(env.device.type, dtype=dtype, enabled=dtype is not None)
 
