@@ -7,6 +7,32 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Appended to data.py by tests of a slow disk: every training sample takes 4 ms to read.
+SLOW_DATA = """
+
+import time
+
+_build_datasets = build_datasets
+
+
+class _Slow:
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        time.sleep(0.004)  # a network disk
+        return self.dataset[index]
+
+
+def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk would
+    train_set, val_set, num_classes = _build_datasets(args)
+    return _Slow(train_set), val_set, num_classes
+"""
+
+
 def usable_gpus() -> tuple[int, str]:
     """(GPUs the framework can use, why none where there are none), asked without initialising CUDA here."""
     from {{ cookiecutter.project_slug }} import distributed

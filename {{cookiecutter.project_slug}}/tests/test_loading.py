@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from conftest import SLOW_DATA
 
 from {{ cookiecutter.project_slug }} import cli, hardware, settings
 from {{ cookiecutter.project_slug }}.loader_watch import CHECK_AFTER_STEPS, LoaderWatch
@@ -81,31 +82,6 @@ def test_a_loader_that_computes_on_a_cpu_run_has_no_cores_to_spare_and_says_noth
 
     assert caplog.records == []
     assert watch.data_wait > 0.9
-
-
-SLOW_DATA = """
-
-import time
-
-_build_datasets = build_datasets
-
-
-class _Slow:
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        time.sleep(0.004)  # a network disk
-        return self.dataset[index]
-
-
-def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk would
-    train_set, val_set, num_classes = _build_datasets(args)
-    return _Slow(train_set), val_set, num_classes
-"""
 
 
 def run_py(project, output, *args) -> str:

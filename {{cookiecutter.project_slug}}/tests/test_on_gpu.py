@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_image_folder
+from conftest import SLOW_DATA, write_image_folder
 
 from {{ cookiecutter.project_slug }} import cli, distributed
 from {{ cookiecutter.project_slug }}.settings import DATASET, FRAMEWORK
@@ -282,31 +282,6 @@ def test_two_deterministic_gpu_runs_train_the_same_losses(project_root, tmp_path
 
     first, second = (metrics(tmp_path / name / "output") for name in ("first", "second"))
     assert [row["train_loss"] for row in first] == [row["train_loss"] for row in second]
-
-
-SLOW_DATA = """
-
-import time
-
-_build_datasets = build_datasets
-
-
-class _Slow:
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        time.sleep(0.004)  # a network disk
-        return self.dataset[index]
-
-
-def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk would
-    train_set, val_set, num_classes = _build_datasets(args)
-    return _Slow(train_set), val_set, num_classes
-"""
 
 
 def test_a_gpu_run_that_waits_on_a_slow_disk_says_so_once(project_root, tmp_path):

@@ -17,6 +17,12 @@ def more_processes_than_gpus(processes: int, gpus: int) -> str:
     )
 
 
+def gpu_shortage(processes: int, gpus: int, device: str) -> str | None:
+    """The line for `processes` on a machine with `gpus` GPUs, where --device auto or gpu gives each process a GPU
+    of its own and there are too few (none at all: they train on the CPU); None where they fit."""
+    return more_processes_than_gpus(processes, gpus) if device != "cpu" and 0 < gpus < processes else None
+
+
 class UserError(Exception):
     """Bad input or environment; the job stops with this message as one line.
 

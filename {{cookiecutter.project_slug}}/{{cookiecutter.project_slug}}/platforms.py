@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import folder_lock, hardware
-from .errors import more_processes_than_gpus
+from .errors import gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -258,8 +258,9 @@ def visible_gpus() -> int:
 
 def check_gpus(nproc: int, gpus: int, device: str) -> None:
     """With --device auto or gpu each process of a machine with GPUs takes its own: refuse more processes."""
-    if device != "cpu" and 0 < gpus < nproc:
-        raise PlatformError(more_processes_than_gpus(nproc, gpus))
+    shortage = gpu_shortage(nproc, gpus, device)
+    if shortage:
+        raise PlatformError(shortage)
 
 
 def number(name: str, text: str, minimum: int = 0) -> int:

@@ -30,7 +30,7 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 
 from . import hardware
-from .errors import STOPPED_STATUS, UserError, more_processes_than_gpus
+from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
@@ -86,9 +86,9 @@ def gpu_problem() -> str | None:
 
 def check_gpus_for(nproc: int, device: str) -> None:
     """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
-    gpus = gpu_count() if device != "cpu" else 0
-    if 0 < gpus < nproc:
-        raise UserError(more_processes_than_gpus(nproc, gpus))
+    shortage = gpu_shortage(nproc, gpu_count() if device != "cpu" else 0, device)
+    if shortage:
+        raise UserError(shortage)
 
 
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
