@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -218,6 +219,8 @@ def launch(worker, args) -> None:
     except mp.ProcessExitedException as exited:
         # The ranks have already printed why: their error, or where they stopped.
         sys.exit(STOPPED_STATUS if exited.exit_code == STOPPED_STATUS else 1)
+    except mp.ProcessRaisedException:
+        sys.exit(1)  # each failed rank printed its own traceback (_spawned)
 
 
 def _forward(signum: int, processes) -> None:
@@ -242,7 +245,13 @@ def _spawned(local_rank: int, worker, args, nproc: int, nnodes: int) -> None:
         WORLD_SIZE=str(nnodes * nproc),
         LOCAL_WORLD_SIZE=str(nproc),
     )
-    worker(args)
+    try:
+        worker(args)
+    except Exception:
+        # spawn would hand the traceback to the parent, which shows only the first dead rank it notices: when
+        # rank 1 fails, that may be rank 0 losing its connection to it instead of rank 1's own error.
+        traceback.print_exc()
+        raise
 
 
 def _free_port() -> int:
