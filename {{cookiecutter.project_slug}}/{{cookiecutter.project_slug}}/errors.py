@@ -1,5 +1,6 @@
 """The one exception that means "the user must fix something", not a bug, and how it ends a process."""
 
+import errno
 import functools
 import sys
 
@@ -21,6 +22,18 @@ def gpu_shortage(processes: int, gpus: int, device: str) -> str | None:
     """The line for `processes` on a machine with `gpus` GPUs, where --device auto or gpu gives each process a GPU
     of its own and there are too few (none at all: they train on the CPU); None where they fit."""
     return more_processes_than_gpus(processes, gpus) if device != "cpu" and 0 < gpus < processes else None
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it arose from, is a full disk (or a used-up quota).
+
+    torch.save() reports it as its own RuntimeError, raised while handling the OSError of the write.
+    """
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class UserError(Exception):

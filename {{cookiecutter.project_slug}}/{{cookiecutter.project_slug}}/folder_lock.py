@@ -26,7 +26,7 @@ def hold(output_dir: str | Path, env) -> int | None:
     from . import distributed  # here: run.sh's platform step asks in_use() without importing the framework
 
     descriptor, refusal = _take(Path(output_dir)) if env.is_main else (None, None)
-    refusal = distributed.all_gather_object(refusal)[0]  # every rank learns rank 0's verdict
+    refusal = distributed.share_from_main(refusal, "the output folder's lock")  # rank 0 may wait JOB_LOCK_WAIT
     if refusal:
         raise UserError(refusal, shown=env.is_main)
     return descriptor

@@ -6,11 +6,13 @@ how far a stopped epoch got, and makes every rank agree on where a resumed run s
 """
 
 import logging
+import math
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import distributed
-from .errors import UserError
+from .errors import UserError, disk_full
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,7 @@ class CheckpointerBase:
     def _save(self, state: TrainingState, is_best: bool) -> None:
         # Every rank's random streams and progress are gathered; only rank 0 writes.
         per_rank = distributed.all_gather_object((self._capture_rng(), state.progress.to_dict()))
+        problem = None
         if self.env.is_main:
             training = {
                 "epoch": state.epochs_done,
@@ -177,7 +180,27 @@ class CheckpointerBase:
                 "amp_dtype": state.amp_dtype,
                 "base_lr": state.base_lr,
             }
+            problem = self._write_unless_disk_full(training, is_best)
+        # The others wait here, not at the next step's collective: a long save must not run into its timeout.
+        problem = distributed.share_from_main(problem, "rank 0's checkpoint save")
+        if problem:
+            raise UserError(problem, shown=self.env.is_main)
+
+    def _write_unless_disk_full(self, training: dict, is_best: bool) -> str | None:
+        """Write the checkpoint; or, where the disk is full, leave the last one as it was and say why."""
+        try:
             self._write(training, is_best)
+            return None
+        except Exception as error:
+            if not disk_full(error):
+                raise
+        needed = _bytes_of((distributed.unwrap(self.model).state_dict(), self.optimizer.state_dict(), training))
+        free = shutil.disk_usage(self.directory).free
+        return (
+            f"no space left in {self.directory} for the checkpoint: it needs about {_megabytes(needed)}, "
+            f"{_megabytes(free)} are free; the last complete checkpoint there is kept: free some space (or move "
+            "the output folder to a larger disk) and run the same command to resume from it"
+        )
 
     def _restored(self, path: Path, saved: dict) -> TrainingState:
         """Where the loaded checkpoint stands for this rank, its random streams restored."""
@@ -202,3 +225,18 @@ class CheckpointerBase:
 
 def _shape(tensor) -> tuple[int, ...]:
     return tuple(int(size) for size in tensor.shape)
+
+
+def _bytes_of(contents) -> int:
+    """About the bytes a checkpoint of `contents` takes: those of its tensors and arrays (either framework's)."""
+    if isinstance(contents, dict):
+        contents = list(contents.values())
+    if isinstance(contents, (list, tuple)):
+        return sum(_bytes_of(item) for item in contents)
+    if hasattr(contents, "element_size"):  # a torch or paddle tensor
+        return contents.element_size() * math.prod(contents.shape)
+    return getattr(contents, "nbytes", 0)  # a numpy array
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 2**20:.1f} MB"

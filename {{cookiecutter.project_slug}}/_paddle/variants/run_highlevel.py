@@ -42,6 +42,7 @@ def train(args) -> None:
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
         )  # fmt: skip
+        distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
         train_set, val_set, num_classes = build_datasets(args)
         train_loader, val_loader = loaders.build_loaders(
             train_set, val_set, args.batch_size, args.workers, args.seed, env

@@ -15,8 +15,10 @@ model, so it runs in wrap_model(), where the model's needs
 import contextlib
 import ctypes
 import io
+import itertools
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -27,6 +29,7 @@ from unittest import mock
 
 import paddle
 import paddle.distributed as dist
+from paddle.base import core
 from paddle.distributed import fleet
 
 from . import hardware
@@ -34,6 +37,13 @@ from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
+
+# Paddle's gloo collectives give up after 30 s, whatever PADDLE_PG_TIMEOUT says (paddle 3.3). The project's own
+# long waits (for rank 0's save, a machine's extraction, the folder lock) go through the rendezvous store
+# instead, and wait up to --dist-timeout, which setup() keeps here.
+GLOO_LIMIT_S = 30
+_wait_limit_s = 1800.0
+_waits = itertools.count()  # every rank waits in the same order: the n-th wait has the same key everywhere
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,9 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         _die_with_the_launcher()
         if this_device == "cpu":
             os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
-        os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo has no timeout
+        os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo keeps GLOO_LIMIT_S
+        global _wait_limit_s
+        _wait_limit_s = timeout_s
         if rank > 0:
             _wait_for_the_store(timeout_s)
         with _without_flag_table():
@@ -174,9 +186,50 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+def barrier(waiting_for: str = "the other processes") -> None:
+    """Return when every rank has come here, each waiting up to --dist-timeout (through the store, not gloo)."""
+    if not dist.is_initialized():
+        return
+    if paddle.get_device().startswith("gpu"):
+        paddle.device.synchronize()  # as dist.barrier() would: this rank's queued GPU work is done too
+    store, key, world_size = core.create_or_get_global_tcp_store(), _next_key(), dist.get_world_size()
+    store.add(key, 1)
+    _wait_until(lambda: store.add(key, 0) >= world_size, waiting_for)
+    # Rank 0 hosts the store: it leaves last, once every rank has seen the count (or their next look would fail).
+    store.add(f"{key}.seen", 1)
+    if dist.get_rank() == 0:
+        _wait_until(lambda: store.add(f"{key}.seen", 0) >= world_size, waiting_for)
+
+
+def share_from_main(obj, waiting_for: str):
+    """Rank 0's `obj` (small, picklable) on every rank; the others wait for it up to --dist-timeout."""
+    if not dist.is_initialized():
+        return obj
+    store, key = core.create_or_get_global_tcp_store(), _next_key()
+    if dist.get_rank() == 0:
+        store.set(key, pickle.dumps(obj))
+        store.add(f"{key}.ready", 1)
+        barrier(waiting_for)  # rank 0 hosts the store: it stays until every rank has read
+        return obj
+    _wait_until(lambda: store.add(f"{key}.ready", 0) > 0, waiting_for)
+    obj = pickle.loads(bytes(store.get(key)))
+    barrier(waiting_for)
+    return obj
+
+
+def _next_key() -> str:
+    return f"dist_template.wait.{next(_waits)}"
+
+
+def _wait_until(done, waiting_for: str) -> None:
+    deadline = time.monotonic() + _wait_limit_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"waited --dist-timeout {_wait_limit_s:g} s for {waiting_for}: raise --dist-timeout if that "
+                f"takes longer (paddle's own collectives on CPUs still give up after {GLOO_LIMIT_S} s)"
+            )
+        time.sleep(0.01)
 
 
 def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:

@@ -6,6 +6,7 @@ SLURM_PROCID, ...). With none set, this is rank 0 of 1 and nothing here
 does any communication: single process is just the default case.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -128,9 +129,31 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def barrier() -> None:
+def barrier(waiting_for: str = "the other processes") -> None:
+    """Return when every rank has come here, each waiting up to --dist-timeout."""
     if dist.is_initialized():
-        dist.barrier()
+        with _timeout_explained(waiting_for):
+            dist.barrier()
+
+
+def share_from_main(obj, waiting_for: str):
+    """Rank 0's `obj` (small, picklable) on every rank; the others wait for it up to --dist-timeout."""
+    if not dist.is_initialized():
+        return obj
+    holder = [obj]
+    with _timeout_explained(waiting_for):
+        dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+@contextlib.contextmanager
+def _timeout_explained(waiting_for: str):
+    try:
+        yield
+    except RuntimeError as error:
+        if "Timed out" not in str(error):  # gloo's words; a peer that died says "Connection closed"
+            raise
+        raise UserError(f"waited --dist-timeout for {waiting_for}: raise --dist-timeout if that takes longer") from None
 
 
 def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
