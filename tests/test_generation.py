@@ -57,6 +57,7 @@ SHARED_TESTS = {
     "test_speed.py",
     "test_resume_flags.py",
     "test_folder_lock.py",
+    "test_disk_full.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},
@@ -67,6 +68,7 @@ FRAMEWORK_TESTS = {
         "test_launch.py",
         "curves.py",
         "test_visualdl_records.py",
+        "test_long_waits.py",
     },
 }
 ROOT_FILES = {

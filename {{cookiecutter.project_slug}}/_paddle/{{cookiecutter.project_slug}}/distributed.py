@@ -41,7 +41,7 @@ _log = logging.getLogger(__name__)
 # Paddle's gloo collectives give up after 30 s, whatever PADDLE_PG_TIMEOUT says (paddle 3.3). The project's own
 # long waits (for rank 0's save, a machine's extraction, the folder lock) go through the rendezvous store
 # instead, and wait up to --dist-timeout, which setup() keeps here.
-GLOO_LIMIT_S = 30
+_GLOO_LIMIT_S = 30
 _wait_limit_s = 1800.0
 _waits = itertools.count()  # every rank waits in the same order: the n-th wait has the same key everywhere
 
@@ -123,7 +123,7 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         _die_with_the_launcher()
         if this_device == "cpu":
             os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
-        os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo keeps GLOO_LIMIT_S
+        os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo keeps _GLOO_LIMIT_S
         global _wait_limit_s
         _wait_limit_s = timeout_s
         if rank > 0:
@@ -227,7 +227,7 @@ def _wait_until(done, waiting_for: str) -> None:
         if time.monotonic() > deadline:
             raise UserError(
                 f"waited --dist-timeout {_wait_limit_s:g} s for {waiting_for}: raise --dist-timeout if that "
-                f"takes longer (paddle's own collectives on CPUs still give up after {GLOO_LIMIT_S} s)"
+                f"takes longer (paddle's own collectives on CPUs still give up after {_GLOO_LIMIT_S} s)"
             )
         time.sleep(0.01)
 
