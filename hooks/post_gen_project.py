@@ -61,7 +61,7 @@ def main(answers: dict) -> None:
     if answers["framework"] == "paddle":
         package = answers["project_slug"]
         if answers["paddle_api"] == "highlevel":
-            use_paddle_variant("run_highlevel.py", "run.py")
+            use_paddle_variant("training_highlevel.py", f"{package}/training.py")
             use_paddle_variant("fit.py", f"{package}/fit.py")
         remove_paddle_variants()
     if answers["dataset"] == "folder":

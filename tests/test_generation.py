@@ -24,6 +24,10 @@ SHARED_PACKAGE = {
     "hardware",
     "loader_watch",
     "folder_lock",
+    "training",
+    "workspace",
+    "modelarts",
+    "kernel_ranks",
 }
 FRAMEWORK_PACKAGE = {
     "__init__",

@@ -2,109 +2,14 @@
 
 python run.py [--epochs N ...]      one process (CPU or one GPU)
 NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
+
+The job itself, step by step, is {{ cookiecutter.project_slug }}/training.py.
 """
 
-import time
-from pathlib import Path
-
-from {{ cookiecutter.project_slug }} import (
-    archive,
-    cli,
-    distributed,
-    engine,
-    folder_lock,
-    images,
-    loaders,
-    logs,
-    platforms,
-    preemption,
-    tracking,
-)
-from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
-from {{ cookiecutter.project_slug }}.data import build_datasets
-from {{ cookiecutter.project_slug }}.errors import explain_user_errors
-from {{ cookiecutter.project_slug }}.loader_watch import LoaderWatch
-from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
-
-
-@explain_user_errors
-def train(args) -> None:
-    stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
-    engine.configure_kernels(args.deterministic)  # before CUDA starts
-    env = distributed.setup(args.device, args.dist_timeout)
-    lock = None
-    try:
-        lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
-        log = logs.setup_logging(args.output_dir, env.rank)
-        archive.prepare_dataset(
-            args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
-            local_rank=env.local_rank,
-        )  # fmt: skip
-        distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
-        train_set, val_set, num_classes = build_datasets(args)
-        train_loader, val_loader = loaders.build_loaders(
-            train_set, val_set, args.batch_size, args.workers, args.seed, env
-        )
-
-        engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # build_model() gets the data's channels (--channels) if it takes them.
-        data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
-        network = build_model(num_classes, **images.model_options(build_model, data))
-        network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = distributed.wrap_model(network, env, args.find_unused_parameters, args.compile, args.channels_last)
-        engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        optimizer = build_optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
-        scheduler = engine.cosine_schedule(optimizer, args.epochs)
-        optimizer = distributed.wrap_optimizer(optimizer)
-        amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
-        scaler = engine.grad_scaler(amp_dtype)
-
-        output_dir = Path(args.output_dir)
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
-        state = checkpoints.resume(args.resume, args.init_from, args.lr)
-        args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
-        state.switch_precision(amp_dtype)
-        workers = train_loader.num_workers
-        global_batch = logs.log_job(
-            env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers, amp_dtype
-        )
-        watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
-        metrics = logs.MetricsLog(
-            output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
-            world_size=env.world_size, global_batch_size=global_batch,
-        )  # fmt: skip
-        tracker = tracking.Tracker.resuming(output_dir, env, args.tracking, state, len(train_loader), args.grad_accum)
-        if state.epochs_done >= args.epochs:
-            log.info(
-                "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
-            )
-        try:
-            for epoch in range(state.epochs_done + 1, args.epochs + 1):
-                started = time.perf_counter()
-                train_stats = engine.train_one_epoch(
-                    model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
-                    grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
-                    amp_dtype=amp_dtype,
-                )  # fmt: skip
-                scheduler.step()
-                val_stats = engine.evaluate(model, val_loader, env, amp_dtype)
-                tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-                checkpoints.end_epoch(epoch, val_stats["acc"])
-                stop.after_epoch(env, epoch, args.epochs)
-        except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
-            checkpoints.save_stopped(stopped)
-            preemption.leave(stopped, checkpoints.last_path)
-        finally:
-            tracker.close()
-        log.info("done: best val_acc %.4f; checkpoint: %s", state.best_acc, checkpoints.last_path.resolve())
-        # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
-        distributed.barrier()
-    finally:
-        folder_lock.release(lock)
-        distributed.cleanup()
-
+from {{ cookiecutter.project_slug }} import cli, distributed, modelarts
+from {{ cookiecutter.project_slug }}.training import train
 
 if __name__ == "__main__":
     args = cli.parse_args()
-    platforms.start_this_machine(args)  # ModelArts: `python run.py --init_method ...` runs this machine's part
+    modelarts.start_this_machine(args)  # ModelArts: `python run.py --init_method ...` runs this machine's part
     distributed.launch(train, args)

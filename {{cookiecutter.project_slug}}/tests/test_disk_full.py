@@ -51,9 +51,7 @@ def epochs_in_metrics(output) -> list[int]:
     return [json.loads(line)["epoch"] for line in (output / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_disk_that_fills_at_the_second_save_ends_in_one_line_and_the_same_command_resumes(
-    project_root, small_disk
-):
+def test_a_disk_that_fills_at_the_second_save_ends_in_one_line_and_the_same_command_resumes(project_root, small_disk):
     output = small_disk / "output"
     first = train(project_root, output, epochs=1)  # how much one epoch's outputs take here
     assert first.returncode == 0, first.stderr[-2000:]
@@ -68,7 +66,9 @@ def test_a_disk_that_fills_at_the_second_save_ends_in_one_line_and_the_same_comm
     output_lines = (full.stdout + full.stderr).splitlines()  # paddle's launcher shows rank 0's on stdout
     errors = [line for line in output_lines if line.startswith("error:") and LAUNCHERS_LINE not in line]
     assert errors and all(line == errors[0] for line in errors), full.stdout[-2000:] + full.stderr[-2000:]
-    needs = rf"no space left in {output / 'checkpoints'} for the checkpoint: it needs about [\d.]+ MB, [\d.]+ MB are free"
+    needs = (
+        rf"no space left in {output / 'checkpoints'} for the checkpoint: it needs about [\d.]+ MB, [\d.]+ MB are free"
+    )
     assert re.search(needs, errors[0]), errors[0]
     assert "Traceback" not in full.stdout + full.stderr
     assert sorted(path.name for path in (output / "checkpoints").iterdir()) == sorted(

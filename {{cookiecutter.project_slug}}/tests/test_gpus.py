@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.project_slug }} import distributed, hardware, notebook, platforms
-from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.errors import PlatformError, UserError
 from {{ cookiecutter.project_slug }}.settings import FRAMEWORK
 
 # Imported first by every Python process started with this folder on PYTHONPATH: the framework then counts
@@ -102,7 +102,7 @@ def test_run_sh_runs_where_only_python3_is_on_the_path(project_root, tmp_path):
 
 @pytest.mark.parametrize("nproc, count, device", [(2, 1, "auto"), (3, 2, "gpu"), (9, 8, "auto")])
 def test_the_platform_step_refuses_more_processes_than_gpus(nproc, count, device):
-    with pytest.raises(platforms.PlatformError, match=f"{nproc} processes on this machine, but it has {count} visible"):
+    with pytest.raises(PlatformError, match=f"{nproc} processes on this machine, but it has {count} visible"):
         platforms.check_gpus(nproc, count, device)
 
 
@@ -146,7 +146,7 @@ def test_the_spawn_launcher_refuses_more_processes_than_gpus_before_it_starts_an
 
 def test_notebook_launch_refuses_more_processes_than_gpus_before_it_starts_any(gpus, monkeypatch):
     gpus(1)
-    monkeypatch.setattr(notebook, "_Ranks", lambda *args: pytest.fail("ranks started"))
+    monkeypatch.setattr(notebook, "Ranks", lambda *args: pytest.fail("ranks started"))
 
     with pytest.raises(UserError, match="2 processes on this machine, but it has 1 visible GPU"):
         notebook.launch(["--synthetic"], nproc=2, train=print)
@@ -220,7 +220,7 @@ def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(gpus, monkeypat
 
 def test_after_the_kernel_started_the_cuda_driver_a_notebook_function_is_refused_before_any_rank_starts(monkeypatch):
     monkeypatch.setattr(hardware, "cuda_driver_loaded", lambda: True)  # as after torch.cuda.is_available()
-    monkeypatch.setattr(notebook, "_Ranks", lambda *args: pytest.fail("ranks started"))
+    monkeypatch.setattr(notebook, "Ranks", lambda *args: pytest.fail("ranks started"))
 
     def defined_in_a_cell(args):
         pass
@@ -240,7 +240,7 @@ def test_after_the_kernel_started_the_cuda_driver_run_py_training_starts_with_sp
         def run(self):
             pass
 
-    monkeypatch.setattr(notebook, "_Ranks", Ranks)
+    monkeypatch.setattr(notebook, "Ranks", Ranks)
 
     notebook.launch(["--synthetic", "--device", "cpu"], nproc=2)
 

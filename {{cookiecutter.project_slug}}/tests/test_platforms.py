@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, platforms
-from {{ cookiecutter.project_slug }}.platforms import Layout, PlatformError
+from {{ cookiecutter.project_slug }} import cli, modelarts, platforms, workspace
+from {{ cookiecutter.project_slug }}.errors import PlatformError
+from {{ cookiecutter.project_slug }}.platforms import Layout
 
 # What each platform injects, for a job of 2 machines seen from machine 1 (host names included).
 PYTORCHJOB = {  # training-operator v1, Master + 1 Worker, nprocPerNode 2
@@ -190,12 +191,12 @@ def test_the_found_line_names_platform_machine_processes_and_master():
 
 def test_the_output_folder_is_the_flag_then_train_url_then_the_ai_studio_workspace(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLEJOB_WORKSPACE", str(tmp_path / "workspace"))
-    assert platforms.output_dir(None, None) == str(platforms.PROJECT_ROOT / "output")  # no such workspace
+    assert workspace.output_dir(None, None) == str(workspace.PROJECT_ROOT / "output")  # no such workspace
 
     (tmp_path / "workspace").mkdir()
-    assert platforms.output_dir(None, None) == str(tmp_path / "workspace" / "output")
-    assert platforms.output_dir(None, "/train_url") == "/train_url"
-    assert platforms.output_dir("mine", "/train_url") == "mine"
+    assert workspace.output_dir(None, None) == str(tmp_path / "workspace" / "output")
+    assert workspace.output_dir(None, "/train_url") == "/train_url"
+    assert workspace.output_dir("mine", "/train_url") == "mine"
     assert cli.parse_args([]).output_dir == str(tmp_path / "workspace" / "output")
 
 
@@ -229,13 +230,13 @@ def test_an_archive_in_a_folder_that_cannot_be_written_is_extracted_elsewhere_wi
 ):
     read_only = tmp_path / "datasets" / "123"
     read_only.mkdir(parents=True)
-    monkeypatch.setattr(platforms, "can_write", lambda folder: read_only not in (folder, *folder.parents))
+    monkeypatch.setattr(workspace, "can_write", lambda folder: read_only not in (folder, *folder.parents))
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("PADDLE_LOCAL_RANK", raising=False)
 
     args = cli.parse_args(["--dataset-zip", str(read_only / "pets.zip"), "--no-synthetic"])
 
-    assert Path(args.data_dir) == platforms.PROJECT_ROOT / "data" / "pets"
+    assert Path(args.data_dir) == workspace.PROJECT_ROOT / "data" / "pets"
     assert (
         f"{read_only} cannot be written: the dataset archive is extracted into {args.data_dir}"
         in capsys.readouterr().out
@@ -247,7 +248,7 @@ def test_a_relative_dataset_path_is_found_in_the_ai_studio_workspace(tmp_path, m
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"")
     monkeypatch.setenv("PADDLEJOB_WORKSPACE", str(tmp_path))
-    monkeypatch.chdir(platforms.PROJECT_ROOT)
+    monkeypatch.chdir(workspace.PROJECT_ROOT)
 
     args = cli.parse_args(["--dataset-zip", "train_data/datasets/123/pets.zip", "--no-synthetic"])
 
@@ -258,17 +259,17 @@ def test_a_relative_dataset_path_is_found_in_the_ai_studio_workspace(tmp_path, m
 
 
 def test_under_a_launcher_or_run_sh_the_modelarts_machine_flags_are_ignored():
-    assert not platforms.under_launcher({})
-    assert platforms.under_launcher({"STARTED_BY_RUN_SH": "1"})
-    assert platforms.under_launcher({"LOCAL_RANK": "0"})
-    assert platforms.under_launcher({"PADDLE_LOCAL_RANK": "0"})
-    assert platforms.under_launcher({"SLURM_NTASKS": "8"})
+    assert not modelarts.under_launcher({})
+    assert modelarts.under_launcher({"STARTED_BY_RUN_SH": "1"})
+    assert modelarts.under_launcher({"LOCAL_RANK": "0"})
+    assert modelarts.under_launcher({"PADDLE_LOCAL_RANK": "0"})
+    assert modelarts.under_launcher({"SLURM_NTASKS": "8"})
 
 
 def test_init_method_is_tcp_host_port():
-    assert platforms.parse_init_method("tcp://job-worker-0:6666") == ("job-worker-0", 6666)
+    assert modelarts.parse_init_method("tcp://job-worker-0:6666") == ("job-worker-0", 6666)
     with pytest.raises(PlatformError, match="is not tcp://HOST:PORT"):
-        platforms.parse_init_method("env://")
+        modelarts.parse_init_method("env://")
 
 
 def test_the_machine_command_drops_the_machine_flags_and_makes_paths_absolute(tmp_path, monkeypatch):
@@ -276,7 +277,7 @@ def test_the_machine_command_drops_the_machine_flags_and_makes_paths_absolute(tm
     argv = ["--epochs", "3", "--init_method=tcp://h:1", "--rank", "1", "--world_size", "2", "--train_url", "out"]
     args = cli.parse_args(argv)
 
-    machine = platforms.machine_argv(argv, args)
+    machine = modelarts.machine_argv(argv, args)
 
     assert machine[:4] == ["--epochs", "3", "--train_url", "out"]
     assert machine[machine.index("--output-dir") + 1] == str(tmp_path / "out")
@@ -289,9 +290,9 @@ def test_the_machine_command_drops_the_machine_flags_and_makes_paths_absolute(tm
 
 def test_without_init_method_run_py_starts_as_before(monkeypatch):
     monkeypatch.setattr(os, "execvpe", lambda *a: pytest.fail("run.py must not become run.sh"))
-    platforms.start_this_machine(argparse.Namespace(init_method=None))
+    modelarts.start_this_machine(argparse.Namespace(init_method=None))
     monkeypatch.setenv("LOCAL_RANK", "0")
-    platforms.start_this_machine(argparse.Namespace(init_method="tcp://h:1"))
+    modelarts.start_this_machine(argparse.Namespace(init_method="tcp://h:1"))
 
 
 def test_with_init_method_and_no_launcher_run_py_becomes_run_sh_for_this_machine(monkeypatch):
@@ -301,9 +302,9 @@ def test_with_init_method_and_no_launcher_run_py_becomes_run_sh_for_this_machine
     monkeypatch.setattr(os, "execvpe", lambda file, argv, env: started.update(argv=argv, env=env))
     argv = ["--init_method", "tcp://job-worker-0:6666", "--rank", "1", "--world_size", "2", "--epochs", "1"]
 
-    platforms.start_this_machine(cli.parse_args(argv), argv)
+    modelarts.start_this_machine(cli.parse_args(argv), argv)
 
-    assert started["argv"][:3] == ["bash", str(platforms.PROJECT_ROOT / "run.sh"), "--epochs"]
+    assert started["argv"][:3] == ["bash", str(workspace.PROJECT_ROOT / "run.sh"), "--epochs"]
     env = started["env"]
     assert (env["NNODES"], env["NODE_RANK"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
         "2",

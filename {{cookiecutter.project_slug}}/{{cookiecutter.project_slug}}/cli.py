@@ -4,11 +4,11 @@ import argparse
 import os
 from pathlib import Path
 
-from . import platforms
+from . import workspace
+from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK
+from .workspace import PROJECT_ROOT
 
-# Defaults are anchored to the project folder, so `python /path/to/run.py` works from anywhere.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / "digits"
 SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / "digits.zip"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for another process (or machine, on a shared filesystem) that is extracting the archive",
     )
     add_process_flags(parser)
-    # What ModelArts passes to the boot file (platforms.py, README.md).
+    # What ModelArts passes to the boot file (modelarts.py, README.md).
     modelarts = parser.add_argument_group("ModelArts")
     modelarts.add_argument("--data_url", help="the dataset: a folder of data, or a folder holding its archive")
     modelarts.add_argument("--train_url", help="the same as --output-dir")
@@ -188,10 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.output_dir = platforms.output_dir(args.output_dir, args.train_url)  # the one place that decides it
+    args.output_dir = workspace.output_dir(args.output_dir, args.train_url)  # the one place that decides it
     try:
         resolve_data_paths(args, quiet)
-    except platforms.PlatformError as error:
+    except PlatformError as error:
         parser.error(str(error))
     if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
@@ -221,6 +221,12 @@ def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--probabilities", action="store_true", help="add a column with the predicted class's probability"
     )
     parser.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass")
+    parser.add_argument(
+        "--workers",
+        type=non_negative_int,
+        help="image-decoding worker processes per process (default: as run.py's --workers, none on CPUs; on GPUs "
+        "the cores each process may use, less one, at most 8)",
+    )
     add_process_flags(parser)
     return parser.parse_args(argv)
 
@@ -258,17 +264,17 @@ def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:
     --synthetic needs no data: nothing is extracted.
     """
     if args.data_url:
-        archive, folder = platforms.data_url_paths(args.data_url, ARCHIVE_SUFFIXES)
+        archive, folder = workspace.data_url_paths(args.data_url, ARCHIVE_SUFFIXES)
         args.dataset_zip = args.dataset_zip or archive
         if args.dataset_zip is None and args.data_dir is None:
             args.data_dir = folder
-    args.dataset_zip, args.data_dir = platforms.in_workspace(args.dataset_zip), platforms.in_workspace(args.data_dir)
+    args.dataset_zip, args.data_dir = workspace.in_workspace(args.dataset_zip), workspace.in_workspace(args.data_dir)
     if args.dataset_zip:
         if args.data_dir is None:
-            target, note = platforms.writable_target(folder_for_archive(Path(args.dataset_zip)))
+            target, note = workspace.writable_target(folder_for_archive(Path(args.dataset_zip)))
             args.data_dir = str(target)
             if note and not quiet:
-                platforms.say_once_per_machine(note)
+                workspace.say_once_per_machine(note)
     elif args.data_dir is None:
         args.data_dir = str(SAMPLE_DATA_DIR)
         if DATASET == "zip":

@@ -36,6 +36,10 @@ def disk_full(error: BaseException) -> bool:
     return False
 
 
+class PlatformError(Exception):
+    """The environment describes a job that cannot be right; one line says what to change."""
+
+
 class UserError(Exception):
     """Bad input or environment; the job stops with this message as one line.
 

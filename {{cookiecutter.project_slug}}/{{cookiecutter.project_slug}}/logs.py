@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import logging
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -38,22 +39,32 @@ def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
 
 
 def progress_bar(iterable, is_main: bool, desc: str, total: int | None = None):
-    """A progress bar on rank 0 at a terminal, a widget in a notebook's kernel; job logs get the loss lines instead."""
-    if is_main and _in_kernel():
+    """A progress bar on rank 0: a widget in a notebook's kernel (text where the kernel has no ipywidgets), text at
+    a terminal; job logs get the loss lines instead."""
+    kernel = is_main and in_kernel()
+    if kernel and _widgets_installed():
         # tqdm.notebook rather than tqdm.auto: tqdm.auto's bar starts an iterator of its own (a second pass of a
         # DataLoader, one more shuffle of the sampler).
         from tqdm.notebook import tqdm as widget_bar
 
         return widget_bar(iterable, desc=desc, leave=False, total=total)
-    return tqdm(iterable, desc=desc, leave=False, total=total, disable=not (is_main and sys.stderr.isatty()))
+    return tqdm(iterable, desc=desc, leave=False, total=total, disable=not (kernel or is_main and sys.stderr.isatty()))
 
 
-def _in_kernel() -> bool:
-    if "IPython" not in sys.modules:  # a job: no need to import notebook.py
+def in_kernel() -> bool:
+    """True in a Jupyter kernel's own process; False in a job, and in the processes notebook.launch() starts (copies
+    of the kernel, IPython loaded, started by multiprocessing)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and hasattr(shell, "kernel") and multiprocessing.parent_process() is None
+
+
+def _widgets_installed() -> bool:
+    try:
+        import ipywidgets  # noqa: F401 - tqdm's widget needs it; many kernels (AI Studio's, a plain Jupyter) lack it
+    except ImportError:
         return False
-    from .notebook import in_kernel
-
-    return in_kernel()
+    return True
 
 
 PRECISION = {"bf16": "bfloat16 mixed precision", "fp16": "float16 mixed precision with loss scaling"}

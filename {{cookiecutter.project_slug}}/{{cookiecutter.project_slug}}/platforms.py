@@ -1,4 +1,4 @@
-"""Where the job runs, read from what the platform put in the environment; and where its outputs go.
+"""Where the job runs, read from what the platform put in the environment.
 
 run.sh asks this module before it starts anything: `python -m <package>.platforms [run.py's ARGS]` prints
 shell assignments (machines, this machine's index, processes per machine, the master, the output folder)
@@ -23,30 +23,23 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import folder_lock, hardware
-from .errors import gpu_shortage
+from . import cli, folder_lock, hardware
+from .errors import PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PORT = 29500
 DEFAULT_JOIN_TIMEOUT_S = 900.0
-AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE names another (tests)
 # Paddle's launcher can let the master number the machines; torchrun, torch.distributed.launch and spawn cannot.
 MASTER_NUMBERS_MACHINES = FRAMEWORK == "paddle" and LAUNCHER in ("launch", "fleetrun")
 # Set by run.sh for what it starts: the machine's layout is decided, ModelArts's --init_method has no more to say.
 STARTED_BY_RUN_SH = "STARTED_BY_RUN_SH"
 # Set by start_this_machine() for run.sh: where its NNODES came from, for the line run.sh prints.
 NNODES_SOURCE = "NNODES_SOURCE"
-
-
-class PlatformError(Exception):
-    """The environment describes a job that cannot be right; one line says what to change."""
 
 
 class Layout(NamedTuple):
@@ -340,144 +333,10 @@ def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- folders
-
-
-def aistudio_workspace(env: Mapping[str, str] = os.environ) -> Path | None:
-    """The AI Studio script task's workspace, where it exists: only its output/ survives the task."""
-    folder = Path(env["PADDLEJOB_WORKSPACE"]) if env.get("PADDLEJOB_WORKSPACE") else AISTUDIO_WORKSPACE
-    return folder if folder.is_dir() else None
-
-
-def output_dir(given: str | None, train_url: str | None, env: Mapping[str, str] = os.environ) -> str:
-    """The one decision of where outputs go: --output-dir, else ModelArts's --train_url, else the AI Studio
-    workspace's output/, else output/ in the project folder."""
-    if given:
-        return given
-    if train_url:
-        return train_url
-    workspace = aistudio_workspace(env)
-    return str(workspace / "output" if workspace else PROJECT_ROOT / "output")
-
-
-def in_workspace(path: str | None, env: Mapping[str, str] = os.environ) -> str | None:
-    """A relative path that is not here but is in the AI Studio workspace (train_data/datasets/<id>/...)."""
-    workspace = aistudio_workspace(env)
-    if path and workspace and not Path(path).is_absolute() and not Path(path).exists() and (workspace / path).exists():
-        return str(workspace / path)
-    return path
-
-
-def data_url_paths(folder: str, archive_suffixes: tuple[str, ...]) -> tuple[str | None, str | None]:
-    """ModelArts's --data_url: (archive, None) for a folder holding one archive, (None, folder) for data."""
-    root = Path(folder)
-    archives = (
-        sorted(p for p in root.iterdir() if p.is_file() and p.name.lower().endswith(archive_suffixes))
-        if root.is_dir()
-        else []
-    )
-    if not archives or (root / "train").is_dir():
-        return None, folder
-    if len(archives) > 1:
-        names = ", ".join(p.name for p in archives)
-        raise PlatformError(
-            f"--data_url {folder} holds several archives ({names}): pass the one to use with --dataset-zip"
-        )
-    return str(archives[0]), None
-
-
-def can_write(folder: Path) -> bool:
-    """Whether `folder` (or, not there yet, the nearest folder above it) takes new files."""
-    for candidate in (folder, *folder.parents):
-        if candidate.exists():
-            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
-    return False
-
-
-def writable_target(target: Path) -> tuple[Path, str | None]:
-    """Where to extract an archive meant for `target` (beside it): there, unless that cannot be written
-    (a platform's read-only dataset folder); then in data/ of the project, or the temporary folder."""
-    if target.exists() or can_write(target.parent):
-        return target, None
-    for folder in (PROJECT_ROOT / "data", Path(tempfile.gettempdir()) / f"{PROJECT_ROOT.name}-data"):
-        if can_write(folder):
-            moved = folder / target.name
-            return moved, f"{target.parent} cannot be written: the dataset archive is extracted into {moved}"
-    return target, None  # nowhere better: the extraction itself will say what is wrong
-
-
-def say_once_per_machine(line: str) -> None:
-    """Print `line` from one process per machine: the first of the launcher's, or the one before any."""
-    if os.environ.get("LOCAL_RANK", os.environ.get("PADDLE_LOCAL_RANK", "0")) == "0":
-        print(line, flush=True)
-
-
-# ----------------------------------------------------------------------------- ModelArts: one command per machine
-
-
-def under_launcher(env: Mapping[str, str] = os.environ) -> bool:
-    """True in a process that run.sh, torchrun, torch.distributed.launch, paddle's launcher or srun started as part of a job."""
-    marks = (STARTED_BY_RUN_SH, "LOCAL_RANK", "PADDLE_LOCAL_RANK")
-    return any(name in env for name in marks) or env.get("SLURM_NTASKS", "1") not in ("", "0", "1")
-
-
-def start_this_machine(args, argv: list[str] | None = None) -> None:
-    """ModelArts's `python run.py --init_method tcp://HOST:PORT --rank R --world_size W`, once per machine
-    with no launcher: this command stands for machine R of W. It becomes `bash run.sh` with NNODES=W,
-    NODE_RANK=R, MASTER_ADDR=HOST, MASTER_PORT=PORT (and the same other arguments), so that this machine's
-    processes start as the project's launcher starts them: one per GPU, or one on a machine without a GPU.
-    Does nothing without --init_method, or under a launcher (the flags are then ignored)."""
-    if not args.init_method or under_launcher():
-        return
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        host, port = parse_init_method(args.init_method)
-    except PlatformError as error:
-        sys.exit(f"error: {error}")
-    env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port))
-    if args.world_size is not None:  # else run.sh reads the machines from the platform (MA_NUM_HOSTS, ...)
-        env.update(NNODES=str(args.world_size), NODE_RANK=str(args.rank or 0))
-        env[NNODES_SOURCE] = "ModelArts (run.py --init_method --rank --world_size)"
-    command = ["bash", str(PROJECT_ROOT / "run.sh"), *machine_argv(argv, args)]
-    sys.stdout.flush()
-    os.execvpe(command[0], command, env)
-
-
-def parse_init_method(init_method: str) -> tuple[str, int]:
-    scheme, _, endpoint = init_method.partition("://")
-    if scheme != "tcp" or not endpoint:
-        raise PlatformError(f"--init_method {init_method!r} is not tcp://HOST:PORT")
-    return split_endpoint("--init_method", endpoint)
-
-
-MACHINE_FLAGS = ("--init_method", "--rank", "--world_size")
-
-
-def machine_argv(argv: list[str], args) -> list[str]:
-    """run.py's arguments for run.sh: without the flags that named this machine, and with the paths made
-    absolute (run.sh starts in the project folder, not where `python run.py` was started)."""
-    kept, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item in MACHINE_FLAGS:
-            skip = True
-        elif not item.startswith(tuple(flag + "=" for flag in MACHINE_FLAGS)):
-            kept.append(item)
-    kept += ["--output-dir", os.path.abspath(args.output_dir), "--data-dir", os.path.abspath(args.data_dir)]
-    if args.dataset_zip:
-        kept += ["--dataset-zip", os.path.abspath(args.dataset_zip)]
-    if args.resume not in ("auto", "none"):
-        kept += ["--resume", os.path.abspath(args.resume)]
-    return kept
-
-
 # ----------------------------------------------------------------------------- run.sh's question
 
 
 def main(argv: list[str]) -> None:
-    from . import cli  # here, not above: cli uses this module
-
     script = os.environ.get("RUN_SCRIPT", "run.py")
     sys.argv[0] = script  # whose flags these are, in argparse's messages
     # A bad flag stops here, before any process starts.

@@ -227,7 +227,7 @@ def test_saving_leaves_no_temporary_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
 
 
-def test_crash_while_writing_keeps_the_previous_pair_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+def test_a_full_disk_while_writing_keeps_the_previous_pair_leaves_no_temporary_file_and_says_so(tmp_path, monkeypatch):
     saver = build_checkpointer(tmp_path)
     save_epoch(saver, 1, 0.5, True)
     weights_at_1 = weights_of(saver.model)
@@ -240,7 +240,7 @@ def test_crash_while_writing_keeps_the_previous_pair_and_leaves_no_temporary_fil
         real_save(obj, path)
 
     monkeypatch.setattr(checkpoint.paddle, "save", disk_full_on_the_second_file)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match="no space left in"):
         save_epoch(saver, 2, 0.9, True)
     monkeypatch.undo()
 

@@ -68,9 +68,7 @@ def train(project, output, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_a_rank_held_back_45_s_in_extraction_and_in_a_save_is_waited_for_up_to_the_dist_timeout(
-    slow_project, tmp_path
-):
+def test_a_rank_held_back_45_s_in_extraction_and_in_a_save_is_waited_for_up_to_the_dist_timeout(slow_project, tmp_path):
     hold_back(slow_project, "archive.py", SLOW_EXTRACTION, HELD_BACK_S)
     hold_back(slow_project, "checkpoint.py", SLOW_FIRST_SAVE, HELD_BACK_S)
     output = tmp_path / "output"

@@ -1,14 +1,9 @@
-"""Train the model with paddle.Model.fit: one process, or many started by run.sh.
-
-(paddle is imported through the package only, so that its quiet start comes first.)
-
-python run.py [--epochs N ...]      one process (CPU or one GPU)
-NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
-"""
+"""The training job with paddle.Model.fit, step by step: what every process does, started by run.py, run.sh or
+notebook.launch()."""
 
 from pathlib import Path
 
-from {{ cookiecutter.project_slug }} import (
+from . import (
     archive,
     cli,
     distributed,
@@ -18,15 +13,14 @@ from {{ cookiecutter.project_slug }} import (
     images,
     loaders,
     logs,
-    platforms,
     preemption,
     tracking,
 )
-from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
-from {{ cookiecutter.project_slug }}.data import build_datasets
-from {{ cookiecutter.project_slug }}.errors import explain_user_errors, out_of_memory_is_a_user_error
-from {{ cookiecutter.project_slug }}.loader_watch import LoaderWatch
-from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
+from .checkpoint import Checkpointer
+from .data import build_datasets
+from .errors import explain_user_errors, out_of_memory_is_a_user_error
+from .loader_watch import LoaderWatch
+from .model import build_model, build_optimizer
 
 
 @explain_user_errors
@@ -110,9 +104,3 @@ def train(args) -> None:
     finally:
         folder_lock.release(lock)
         distributed.cleanup()
-
-
-if __name__ == "__main__":
-    args = cli.parse_args()
-    platforms.start_this_machine(args)  # ModelArts: `python run.py --init_method ...` runs this machine's part
-    distributed.launch(train, args)

@@ -1,0 +1,82 @@
+"""The folders a job uses on each platform: where outputs go (--output-dir, ModelArts's --train_url, the AI Studio
+workspace), where a platform's data is (ModelArts's --data_url), and where an archive can be extracted."""
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from .errors import PlatformError
+
+# Defaults are anchored to the project folder, so `python /path/to/run.py` works from anywhere.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE names another (tests)
+
+
+def aistudio_workspace(env: Mapping[str, str] = os.environ) -> Path | None:
+    """The AI Studio script task's workspace, where it exists: only its output/ survives the task."""
+    folder = Path(env["PADDLEJOB_WORKSPACE"]) if env.get("PADDLEJOB_WORKSPACE") else AISTUDIO_WORKSPACE
+    return folder if folder.is_dir() else None
+
+
+def output_dir(given: str | None, train_url: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """The one decision of where outputs go: --output-dir, else ModelArts's --train_url, else the AI Studio
+    workspace's output/, else output/ in the project folder."""
+    if given:
+        return given
+    if train_url:
+        return train_url
+    workspace = aistudio_workspace(env)
+    return str(workspace / "output" if workspace else PROJECT_ROOT / "output")
+
+
+def in_workspace(path: str | None, env: Mapping[str, str] = os.environ) -> str | None:
+    """A relative path that is not here but is in the AI Studio workspace (train_data/datasets/<id>/...)."""
+    workspace = aistudio_workspace(env)
+    if path and workspace and not Path(path).is_absolute() and not Path(path).exists() and (workspace / path).exists():
+        return str(workspace / path)
+    return path
+
+
+def data_url_paths(folder: str, archive_suffixes: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """ModelArts's --data_url: (archive, None) for a folder holding one archive, (None, folder) for data."""
+    root = Path(folder)
+    archives = (
+        sorted(p for p in root.iterdir() if p.is_file() and p.name.lower().endswith(archive_suffixes))
+        if root.is_dir()
+        else []
+    )
+    if not archives or (root / "train").is_dir():
+        return None, folder
+    if len(archives) > 1:
+        names = ", ".join(p.name for p in archives)
+        raise PlatformError(
+            f"--data_url {folder} holds several archives ({names}): pass the one to use with --dataset-zip"
+        )
+    return str(archives[0]), None
+
+
+def can_write(folder: Path) -> bool:
+    """Whether `folder` (or, not there yet, the nearest folder above it) takes new files."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
+
+
+def writable_target(target: Path) -> tuple[Path, str | None]:
+    """Where to extract an archive meant for `target` (beside it): there, unless that cannot be written
+    (a platform's read-only dataset folder); then in data/ of the project, or the temporary folder."""
+    if target.exists() or can_write(target.parent):
+        return target, None
+    for folder in (PROJECT_ROOT / "data", Path(tempfile.gettempdir()) / f"{PROJECT_ROOT.name}-data"):
+        if can_write(folder):
+            moved = folder / target.name
+            return moved, f"{target.parent} cannot be written: the dataset archive is extracted into {moved}"
+    return target, None  # nowhere better: the extraction itself will say what is wrong
+
+
+def say_once_per_machine(line: str) -> None:
+    """Print `line` from one process per machine: the first of the launcher's, or the one before any."""
+    if os.environ.get("LOCAL_RANK", os.environ.get("PADDLE_LOCAL_RANK", "0")) == "0":
+        print(line, flush=True)
