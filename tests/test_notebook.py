@@ -71,6 +71,28 @@ def test_the_notebook_runs_headless_trains_twice_plots_and_predicts(bake, answer
     assert "inference.predict(" in pictures[1].source
 
 
+def test_in_a_kernel_without_ipywidgets_the_training_cell_trains_with_a_text_bar(bake):
+    project = bake(framework="pytorch", launcher="spawn")
+    notebook = nbformat.read(project / "notebook.ipynb", as_version=4)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    in_kernel = next(index for index, cell in enumerate(cells) if "train_here" in cell.source)
+    # As in AI Studio's kernel or a plain Jupyter: `import ipywidgets` fails.
+    no_widgets = nbformat.v4.new_code_cell("import sys\n\nsys.modules['ipywidgets'] = None")
+    notebook.cells = [no_widgets, *cells[: in_kernel + 1]]
+
+    kernel_env = {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(project)}}
+    ).execute(env=kernel_env)
+
+    training = notebook.cells[-1]
+    assert [output for output in outputs(training) if output["output_type"] == "error"] == []
+    assert "epoch 1/1" in text_of(training)
+    assert not [o for o in outputs(training) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    bar = "".join(o.get("text", "") for o in outputs(training) if o.get("name") == "stderr")
+    assert "epoch 1:" in bar and "it/s]" in bar
+
+
 @pytest.mark.parametrize("answers", OTHER_CASES, ids=lambda a: "-".join(a.values()))
 def test_launch_trains_run_py_on_two_ranks_in_every_other_variant(bake, answers):
     project = bake(**answers)
