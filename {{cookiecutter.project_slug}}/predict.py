@@ -15,8 +15,8 @@ def predict(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(None, env.rank)
-        model = inference.load_for_inference(args.checkpoint, env.device)
-        description = inference.checkpoint_data(args.checkpoint)  # class names, and how training read images
+        # One read of the checkpoint: the model, and the class names and how training read images.
+        model, description = inference.load_with_data(args.checkpoint, env.device)
         read = submission.image_reader(description)
         root, extracted = submission.input_folder(args.input, args.archive_max_gb, env.local_rank)
         names = submission.image_names(root)

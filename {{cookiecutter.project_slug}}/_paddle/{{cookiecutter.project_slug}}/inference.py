@@ -46,6 +46,14 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     (the classifier's bias in most networks). build_model() gets the channels the checkpoint records,
     if it takes them. A last.pdparams or best.pdparams run.py wrote.
     """
+    return load_with_data(checkpoint, device, num_classes)[0]
+
+
+def load_with_data(
+    checkpoint: str | Path, device: str = "auto", num_classes: int | None = None
+) -> tuple[paddle.nn.Layer, dict]:
+    """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
+    (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
     weights, data = read_weights(checkpoint)
     model = build_model(num_classes or int(list(weights.values())[-1].shape[0]), **model_options(build_model, data))
@@ -59,7 +67,7 @@ def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes
     model.set_state_dict(weights)
     model.to(device=pick_device(device))
     model.eval()
-    return model
+    return model, data
 
 
 @paddle.no_grad()

@@ -44,6 +44,14 @@ def load_for_inference(
     (the classifier's bias in most networks). build_model() gets the channels the checkpoint records,
     if it takes them. A last.pt or best.pt run.py wrote, or a bare state dict.
     """
+    return load_with_data(checkpoint, device, num_classes)[0]
+
+
+def load_with_data(
+    checkpoint: str | Path, device: str | torch.device = "auto", num_classes: int | None = None
+) -> tuple[torch.nn.Module, dict]:
+    """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
+    (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
     target = pick_device(device)
     weights, data = read_weights(checkpoint)
@@ -53,7 +61,7 @@ def load_for_inference(
     except RuntimeError as error:
         detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise UserError(f"checkpoint {checkpoint} does not match build_model() ({detail})") from None
-    return model.to(target).eval()
+    return model.to(target).eval(), data
 
 
 @torch.no_grad()
