@@ -6,7 +6,7 @@ NPROC_PER_NODE=2 bash predict.sh ...    the same, on this machine's processes: e
 
 import shutil
 
-from {{ cookiecutter.project_slug }} import cli, distributed, inference, logs, submission
+from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, submission
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
 
 
@@ -17,14 +17,17 @@ def predict(args) -> None:
         log = logs.setup_logging(None, env.rank)
         # One read of the checkpoint: the model, and the class names and how training read images.
         model, description = inference.load_with_data(args.checkpoint, env.device)
-        read = submission.image_reader(description)
         root, extracted = submission.input_folder(args.input, args.archive_max_gb, env.local_rank)
         names = submission.image_names(root)
 
         mine = []
         batches = submission.my_batches(len(names), args.batch_size, env.rank, env.world_size)
-        for batch in logs.progress_bar(batches, env.is_main, "predict"):
-            probabilities = inference.probabilities(model, [read(root / names[index]) for index in batch])
+        # The loader cuts this process's images into the same batches: all but the very last batch are full.
+        paths = [root / names[index] for batch in batches for index in batch]
+        read = submission.image_reader(description)
+        loader = loaders.image_loader(paths, read, args.batch_size, args.workers, env)
+        for batch, images in zip(batches, logs.progress_bar(loader, env.is_main, "predict"), strict=True):
+            probabilities = inference.probabilities(model, images)
             mine += [(index, int(p.argmax()), float(p.max())) for index, p in zip(batch, probabilities, strict=True)]
         predictions = sorted(prediction for rank in distributed.all_gather_object(mine) for prediction in rank)
 

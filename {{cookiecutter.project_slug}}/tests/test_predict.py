@@ -84,6 +84,22 @@ def test_one_and_two_processes_write_the_same_file_with_one_sorted_row_per_image
         assert right / len(rows) > 0.6
 
 
+def test_images_decoded_by_two_loader_workers_per_process_give_the_same_file_as_by_none(
+    project_root, checkpoint, tmp_path
+):
+    folder = write_image_folder(tmp_path / "test", ["a", "b", "c"], per_class=17)  # 51: 7 batches of 8, uneven
+    args = ["--checkpoint", str(checkpoint), "--input", str(folder), "--probabilities", "--batch-size", "8"]
+    args += ["--device", "cpu"]
+
+    for workers in ("0", "2"):
+        output = tmp_path / f"workers-{workers}.csv"
+        run(["bash", "predict.sh", *args, "--workers", workers, "--output", str(output)], project_root, nproc=2)
+
+    with_none = (tmp_path / "workers-0.csv").read_bytes()
+    assert with_none == (tmp_path / "workers-2.csv").read_bytes()
+    assert len(with_none.splitlines()) == 1 + 51
+
+
 def test_a_sample_submission_sets_the_header_the_ids_and_the_row_order(project_root, checkpoint, test_images, tmp_path):
     with zipfile.ZipFile(test_images) as packed:
         ids = [Path(name).stem for name in packed.namelist() if name.startswith("test/")]

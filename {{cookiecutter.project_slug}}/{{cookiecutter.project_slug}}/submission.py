@@ -1,6 +1,7 @@
 """predict.py's input and output: the images of a folder or an archive, and the CSV file a competition takes."""
 
 import csv
+import functools
 import hashlib
 import os
 import tempfile
@@ -40,11 +41,12 @@ def image_names(root: Path) -> list[str]:
 
 
 def image_reader(description: dict):
-    """load_image() as training read its images: the checkpoint's size, channels and normalisation."""
+    """load_image() as training read its images: the checkpoint's size, channels and normalisation.
+    (A partial, not a lambda: loader workers that are spawned get it pickled.)"""
     size = description.get("image_size") or data.IMAGE_SIZE
     channels = description.get("channels") or data.CHANNELS
     mean, std = description.get("mean") or images.MEAN, description.get("std") or images.STD
-    return lambda path: images.load_image(path, size, channels, mean, std)
+    return functools.partial(images.load_image, size=size, channels=channels, mean=mean, std=std)
 
 
 def my_batches(count: int, batch_size: int, rank: int, world_size: int) -> list[range]:

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import traceback
+from pathlib import Path
 
 from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
 
@@ -77,6 +78,28 @@ def build_loaders(
 
 def _options(workers: int) -> dict:
     return dict(num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0)
+
+
+class ImageFiles(Dataset):
+    """Images read by `read` (submission.image_reader()) from their paths: predict.py's, decoded in the workers."""
+
+    def __init__(self, paths: list[Path], read):
+        super().__init__()
+        self.paths, self.read = paths, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        return self.read(self.paths[index])
+
+
+def image_loader(paths: list[Path], read, batch_size: int, workers: int | None, env: DistEnv) -> DataLoader:
+    """The images of `paths` in their order, `batch_size` per batch; `workers` None: as build_loaders() chooses."""
+    threading.excepthook = _exit_when_a_loader_thread_fails  # an unreadable image would hang: see there
+    if workers is None:
+        workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
+    return DataLoader(ImageFiles(paths, read), batch_size=batch_size, num_workers=workers, use_shared_memory=True)
 
 
 def train_sampler(loader: DataLoader) -> ResumableSampler:

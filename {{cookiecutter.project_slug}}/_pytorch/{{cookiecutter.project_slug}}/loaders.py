@@ -1,6 +1,7 @@
 """The data loaders: each rank its shard of the data, --batch-size samples per batch."""
 
 import itertools
+from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
@@ -70,6 +71,26 @@ def build_loaders(
 
 def _options(batch_size: int, workers: int, env: DistEnv) -> dict:
     return dict(batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0)
+
+
+class ImageFiles(Dataset):
+    """Images read by `read` (submission.image_reader()) from their paths: predict.py's, decoded in the workers."""
+
+    def __init__(self, paths: list[Path], read):
+        self.paths, self.read = paths, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        return self.read(self.paths[index])
+
+
+def image_loader(paths: list[Path], read, batch_size: int, workers: int | None, env: DistEnv) -> DataLoader:
+    """The images of `paths` in their order, `batch_size` per batch; `workers` None: as build_loaders() chooses."""
+    if workers is None:
+        workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
+    return DataLoader(ImageFiles(paths, read), batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu)
 
 
 def train_sampler(loader: DataLoader) -> ResumableSampler:
