@@ -273,3 +273,36 @@ def test_a_training_run_that_meets_a_corrupt_image_stops_with_one_error_line(pro
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and str(broken) in errors[0], result.stderr[-3000:]
+
+
+OWN_DATASETS = """
+
+_build_datasets = build_datasets
+
+
+def build_datasets(args):  # noqa: F811 - a test gives the project datasets of its own, not the sample's
+    args.synthetic = True
+    return _build_datasets(args)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("named", [False, True], ids=["no archive named", "an archive named"])
+def test_a_project_with_its_own_datasets_never_extracts_the_sample_but_always_a_named_archive(
+    project_root, tmp_path, sample_archive, named
+):
+    project = tmp_path / "project"
+    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__", "digits"))
+    with open(project / "{{ cookiecutter.project_slug }}" / "data.py", "a", encoding="utf-8") as data_py:
+        data_py.write(OWN_DATASETS)
+    theirs = tmp_path / "theirs.zip"
+    shutil.copyfile(sample_archive, theirs)
+    command = [sys.executable, "run.py", "--epochs", "1", "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    command += ["--dataset-zip", str(theirs)] if named else []
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+
+    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (project / "data" / "digits").exists()
+    assert (tmp_path / "theirs" / archive.DONE_MARKER).is_file() == named

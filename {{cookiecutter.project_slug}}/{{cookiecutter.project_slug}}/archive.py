@@ -26,6 +26,7 @@ from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from .errors import UserError
+from .workspace import SAMPLE_ARCHIVE, SAMPLE_DATA_DIR
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,13 @@ def prepare_dataset(
             lock_timeout=lock_timeout,
             show_progress=show_progress_here(local_rank),
         )
+
+
+def extract_sample_for(data_dir: str | Path) -> None:
+    """Extract the bundled sample archive where it belongs, when `data_dir` is its folder: only the datasets
+    that read the sample need it, so they ask for it, and a project's own data never waits for it."""
+    if SAMPLE_ARCHIVE.is_file() and Path(data_dir).resolve() == SAMPLE_DATA_DIR:
+        ensure_extracted(SAMPLE_ARCHIVE, SAMPLE_DATA_DIR, show_progress=False)
 
 
 def is_junk(path: str | PurePath) -> bool:

@@ -7,10 +7,8 @@ from pathlib import Path
 from . import workspace
 from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK
-from .workspace import PROJECT_ROOT
+from .workspace import PROJECT_ROOT, SAMPLE_ARCHIVE, SAMPLE_DATA_DIR
 
-SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / "digits"
-SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / "digits.zip"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05
@@ -85,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dataset-zip",
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
-        + (" (default: data/digits.zip, unless --data-dir is given)" if DATASET == "zip" else ""),
+        + (" (default: none; the sample's data/digits.zip is extracted when the datasets read data/digits)" if DATASET == "zip" else ""),
     )
     parser.add_argument(
         "--labels-csv",
@@ -260,8 +258,9 @@ def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:
     An explicit --dataset-zip alone extracts into a folder beside it, named after it (elsewhere, with a
     line saying where, if that folder cannot be written).
     ModelArts's --data_url fills in whichever of the two it holds and the user did not give.
-    Neither: the bundled sample (data/digits.zip into data/digits) in a dataset=zip project.
-    --synthetic needs no data: nothing is extracted.
+    Neither: the bundled sample's folder, data/digits; in a dataset=zip project the datasets that read it
+    extract data/digits.zip there first (archive.extract_sample_for()), so that a project whose own
+    build_datasets() reads other data never extracts it. --synthetic needs no data: nothing is extracted.
     """
     if args.data_url:
         archive, folder = workspace.data_url_paths(args.data_url, ARCHIVE_SUFFIXES)
@@ -277,8 +276,6 @@ def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:
                 workspace.say_once_per_machine(note)
     elif args.data_dir is None:
         args.data_dir = str(SAMPLE_DATA_DIR)
-        if DATASET == "zip":
-            args.dataset_zip = str(SAMPLE_ARCHIVE)
     if args.synthetic:
         args.dataset_zip = None
 

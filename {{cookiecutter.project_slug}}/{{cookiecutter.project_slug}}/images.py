@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from .archive import dataset_root, is_junk
+from .archive import dataset_root, extract_sample_for, is_junk
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ def image_splits(
     data_dir: str | Path, labels_csv: str | Path | None = None, val_fraction: float = VAL_FRACTION, seed: int = 0
 ) -> Splits:
     """The training and validation samples under data_dir, from class folders or from a labels CSV."""
+    extract_sample_for(data_dir)
     if labels_csv:
         return csv_splits(data_dir, labels_csv, val_fraction, seed)
     root = dataset_root(data_dir, lambda folder: (folder / "train").is_dir())
