@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import write_image_folder
 
-from {{ cookiecutter.project_slug }} import archive, cli, data, settings
+from {{ cookiecutter.project_slug }} import archive, cli, data, settings, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.images import val_count
 
@@ -34,7 +34,7 @@ JUNK = {
 def sample_archive(tmp_path_factory) -> Path:
     """The sample archive (dataset=zip), or one made from the sample folder (folder) or from made-up images."""
     if settings.DATASET == "zip":
-        return cli.SAMPLE_ARCHIVE
+        return workspace.SAMPLE_ARCHIVE
     folder = cli.SAMPLE_DATA_DIR
     if settings.DATASET == "synthetic":  # no sample data: images made up in its layout, 10 classes
         folder = tmp_path_factory.mktemp("made_up")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings
+from {{ cookiecutter.project_slug }} import settings, workspace
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def used_bytes(disk) -> int:
 def train(project_root, output, epochs: int) -> subprocess.CompletedProcess:
     command = ["bash", "run.sh", "--epochs", str(epochs), "--device", "cpu", "--output-dir", str(output)]
     if settings.DATASET == "zip":  # the data outside the small disk: only the outputs fill it
-        command += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent.parent / "data")]
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent.parent / "data")]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
     env.update(NPROC_PER_NODE="2", PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"])
     return subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=300)

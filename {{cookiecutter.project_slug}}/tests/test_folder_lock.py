@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, folder_lock, settings
+from {{ cookiecutter.project_slug }} import folder_lock, settings, workspace
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def slow_project(project_root, tmp_path):
 def command(output, *script: str) -> list[str]:
     args = ["--epochs", "2", "--device", "cpu", "--output-dir", str(output)]
     if settings.DATASET == "zip":
-        args += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+        args += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     return [*script, *args]
 
 

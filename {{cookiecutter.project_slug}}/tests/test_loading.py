@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import SLOW_DATA
 
-from {{ cookiecutter.project_slug }} import cli, hardware, settings
+from {{ cookiecutter.project_slug }} import hardware, settings, workspace
 from {{ cookiecutter.project_slug }}.loader_watch import CHECK_AFTER_STEPS, LoaderWatch
 
 
@@ -87,7 +87,7 @@ def test_a_loader_that_computes_on_a_cpu_run_has_no_cores_to_spare_and_says_noth
 def run_py(project, output, *args) -> str:
     command = [sys.executable, "run.py", "--epochs", "1", "--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
-        command += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     result = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return (output / "train.log").read_text()

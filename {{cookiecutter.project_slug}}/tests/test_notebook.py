@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, inference, notebook, settings
+from {{ cookiecutter.project_slug }} import cli, inference, notebook, settings, workspace
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -92,7 +92,7 @@ def data_args(tmp_path_factory) -> list[str]:
     if settings.DATASET != "zip":
         return []
     data_dir = tmp_path_factory.mktemp("data") / "digits"
-    return ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(data_dir)]
+    return ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(data_dir)]
 
 
 def cpu_args(output_dir: Path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import SLOW_DATA, write_image_folder
 
-from {{ cookiecutter.project_slug }} import cli, distributed
+from {{ cookiecutter.project_slug }} import distributed, workspace
 from {{ cookiecutter.project_slug }}.settings import DATASET, FRAMEWORK
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -35,7 +35,7 @@ def environment(nproc: int = 1, **extra: str) -> dict:
 
 def data_args(output: Path) -> list[str]:
     if DATASET == "zip":  # extracted into the test's own folder, not the project's data/
-        return ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+        return ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     return []
 
 

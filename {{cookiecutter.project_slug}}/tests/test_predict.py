@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import write_image_folder
 
-from {{ cookiecutter.project_slug }} import cli, inference, settings
+from {{ cookiecutter.project_slug }} import cli, inference, settings, workspace
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_images(tmp_path_factory) -> Path:
     if settings.DATASET == "synthetic":
         write_image_folder(folder / "val", [str(label) for label in range(10)], per_class=7)
     elif settings.DATASET == "zip":
-        with zipfile.ZipFile(cli.SAMPLE_ARCHIVE) as sample:
+        with zipfile.ZipFile(workspace.SAMPLE_ARCHIVE) as sample:
             sample.extractall(folder, [name for name in sample.namelist() if name.startswith("val/")])
     else:
         shutil.copytree(cli.SAMPLE_DATA_DIR / "val", folder / "val")
@@ -51,7 +51,7 @@ def checkpoint(tmp_path_factory, project_root) -> Path:
     output_dir = tmp_path_factory.mktemp("trained") / "output"
     args = ["--epochs", "2", "--device", "cpu", "--output-dir", str(output_dir)]
     if settings.DATASET == "zip":
-        args += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output_dir.parent / "data")]
+        args += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output_dir.parent / "data")]
     run([sys.executable, "run.py", *args], project_root)
     return inference.checkpoint_path(output_dir, "best")
 

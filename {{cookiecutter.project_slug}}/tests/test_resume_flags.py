@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings
+from {{ cookiecutter.project_slug }} import cli, settings, workspace
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def run_py(project_root, output, *args: str) -> str:
     command = [sys.executable, "run.py", "--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
-        command += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NPROC_PER_NODE")}
     result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

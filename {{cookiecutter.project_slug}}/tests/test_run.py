@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import write_image_folder
 
-from {{ cookiecutter.project_slug }} import cli, images, inference, settings
+from {{ cookiecutter.project_slug }} import cli, images, inference, settings, workspace
 from {{ cookiecutter.project_slug }}.model import build_model
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def expected_sizes() -> tuple[int, int]:
 
         return data.SYNTHETIC_TRAIN, data.SYNTHETIC_VAL
     if settings.DATASET == "zip":
-        with zipfile.ZipFile(cli.SAMPLE_ARCHIVE) as zf:
+        with zipfile.ZipFile(workspace.SAMPLE_ARCHIVE) as zf:
             names = zf.namelist()
         return (
             count_files(n for n in names if n.startswith("train/")),
@@ -94,7 +94,7 @@ def training_args(output_dir: Path, epochs: int) -> list[str]:
     args = ["--epochs", str(epochs), "--output-dir", str(output_dir), "--device", "cpu"]
     if settings.DATASET == "zip":
         # Extract into the test's own folder, not the project's data/.
-        args += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output_dir.parent / "data")]
+        args += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output_dir.parent / "data")]
     return args
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import checkpoint, cli, distributed, hardware, inference, settings
+from {{ cookiecutter.project_slug }} import checkpoint, distributed, hardware, inference, settings, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.model import build_model
 from {{ cookiecutter.project_slug }}.state import TrainingState
@@ -67,7 +67,7 @@ def test_channels_last_puts_convolution_weights_in_channels_last_or_says_paddle_
 def run_sh(project_root, output, *args: str, nproc: int = 2) -> str:
     command = ["bash", "run.sh", "--device", "cpu", "--output-dir", str(output), "--batch-size", "64", *args]
     if settings.DATASET == "zip":
-        command += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
     env.update(NPROC_PER_NODE=str(nproc), PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"])
     result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=600)

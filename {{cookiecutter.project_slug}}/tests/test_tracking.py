@@ -4,13 +4,14 @@ What each framework's writer left is read back with its own reader (curves.py be
 """
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from curves import CPU, WRITER_MODULE, curve
 
-from {{ cookiecutter.project_slug }} import logs, notebook, tracking
+from {{ cookiecutter.project_slug }} import logs, notebook, settings, tracking, workspace
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -153,3 +154,17 @@ def test_no_tracking_trains_without_writing_curves(project_root, tmp_path):
     train(project_root, tmp_path, "--epochs", "1", "--no-tracking")
 
     assert not (tmp_path / tracking.Tracker.FOLDER).exists()
+
+
+@pytest.mark.slow
+def test_a_default_two_process_run_on_the_sample_draws_a_loss_curve_of_several_points_an_epoch(project_root, tmp_path):
+    command = ["bash", "run.sh", "--epochs", "2", "--device", "cpu", "--output-dir", str(tmp_path)]
+    if settings.DATASET == "zip":  # the sample, extracted outside the project
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(tmp_path / "data")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
+    env.update(NPROC_PER_NODE="2", PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"])
+
+    subprocess.run(command, cwd=project_root, env=env, capture_output=True, check=True, timeout=300)
+
+    points = curve(tmp_path, "train/loss")
+    assert len(points) >= 2 * 4 and [step for step, _ in points] == sorted({step for step, _ in points})

@@ -7,7 +7,7 @@ from pathlib import Path
 from . import workspace
 from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK
-from .workspace import PROJECT_ROOT, SAMPLE_ARCHIVE, SAMPLE_DATA_DIR
+from .workspace import PROJECT_ROOT, SAMPLE_DATA_DIR
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dataset-zip",
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
-        + (" (default: none; the sample's data/digits.zip is extracted when the datasets read data/digits)" if DATASET == "zip" else ""),
+        + (" (default: none; data/digits.zip is extracted when the sample is read)" if DATASET == "zip" else ""),
     )
     parser.add_argument(
         "--labels-csv",
@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-loading worker processes per rank (default: none on CPUs; on GPUs the cores each process may "
         "use, less one, at most 8)",
     )
-    parser.add_argument("--log-every", type=positive_int, default=50, help="steps between loss log lines")
+    parser.add_argument(
+        "--log-every", type=positive_int, help="steps between loss lines (default: about five an epoch, at most 50)"
+    )
     parser.add_argument(
         "--tracking",
         action=argparse.BooleanOptionalAction,

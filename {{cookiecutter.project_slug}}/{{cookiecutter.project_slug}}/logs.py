@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import logging
+import math
 import multiprocessing
 import sys
 import time
@@ -138,6 +139,26 @@ def epoch_of(line: str) -> int | None:
         return json.loads(line)["epoch"]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+class LossLog:
+    """The loss lines of an epoch, for both training loops and paddle.Model.fit's callback: every `every` batches
+    (None: about five an epoch, at most 50 batches apart), rank 0 logs the epoch's mean loss so far and gives it
+    to `tracker`, at the optimizer step."""
+
+    def __init__(self, is_main: bool, epoch: int, steps: int, grad_accum: int, every: int | None, tracker=None):
+        self.is_main, self.epoch, self.steps, self.grad_accum, self.tracker = is_main, epoch, steps, grad_accum, tracker
+        self.every = every or max(1, min(50, steps // 5))
+
+    def step(self, step: int, loss_sum, seen: int) -> None:
+        """After batch `step`: `loss_sum` (a number, or a one-element tensor, read only when a line is due) over
+        `seen` samples."""
+        if step % self.every or not self.is_main:
+            return
+        mean_loss = float(loss_sum) / seen
+        PACKAGE_LOGGER.info("epoch %d step %d/%d loss %.4f", self.epoch, step, self.steps, mean_loss)
+        if self.tracker is not None and math.isfinite(mean_loss):  # a diverged loss stops at the next vote
+            self.tracker.loss(optimizer_step(self.epoch, step, self.steps, self.grad_accum), mean_loss)
 
 
 def optimizer_step(epoch: int, batch: int, batches_per_epoch: int, grad_accum: int) -> int:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings
+from {{ cookiecutter.project_slug }} import settings, workspace
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def hold_back(project, module: str, code: str, seconds: float) -> None:
 def train(project, output, *args: str) -> subprocess.CompletedProcess:
     command = ["bash", "run.sh", "--epochs", "2", "--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
-        command += ["--dataset-zip", str(cli.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_")}
     env.update(NPROC_PER_NODE="2", PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"])
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)

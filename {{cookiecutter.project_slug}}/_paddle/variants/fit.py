@@ -19,7 +19,7 @@ from paddle.io import DataLoader
 from . import distributed, loaders
 from .distributed import DistEnv
 from .loader_watch import LoaderWatch
-from .logs import optimizer_step
+from .logs import LossLog
 from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress, TrainingState
@@ -68,7 +68,7 @@ class EpochEnd(paddle.callbacks.Callback):
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
-        grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
+        grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
     ):  # fmt: skip
         super().__init__()
         self.loader, self.env, self.stop, self.end_epoch = loader, env, stop, end_epoch
@@ -84,6 +84,7 @@ class EpochEnd(paddle.callbacks.Callback):
         sampler.set_epoch(self.epoch)  # a new shuffle every epoch, the same on every rank
         sampler.skip_batches = self.progress.step  # fit() starts iterating right after this
         self.steps = self.progress.step + len(self.loader)
+        self.loss_log = LossLog(self.env.is_main, self.epoch, self.steps, self.grad_accum, self.log_every, self.tracker)
         self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
         self.watch.start_epoch()
         self.step_ended = (time.perf_counter(), time.thread_time())
@@ -99,11 +100,7 @@ class EpochEnd(paddle.callbacks.Callback):
         progress.loss_sum += logs["loss"][0] * self.grad_accum * batch
         progress.seen += batch
         progress.step += 1
-        if progress.step % self.log_every == 0 and self.env.is_main:
-            mean_loss = progress.loss_sum / progress.seen
-            log.info("epoch %d step %d/%d loss %.4f", self.epoch, progress.step, self.steps, mean_loss)
-            if self.tracker is not None and math.isfinite(mean_loss):  # a diverged loss stops at the next vote
-                self.tracker.loss(optimizer_step(self.epoch, progress.step, self.steps, self.grad_accum), mean_loss)
+        self.loss_log.step(progress.step, progress.loss_sum, progress.seen)
         # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
         may_stop = progress.step % self.grad_accum == 0 and progress.step < self.steps
         if may_stop and self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):

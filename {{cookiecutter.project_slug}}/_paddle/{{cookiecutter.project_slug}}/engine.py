@@ -19,7 +19,7 @@ from . import distributed, hardware, loaders
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
-from .logs import optimizer_step, progress_bar
+from .logs import LossLog, progress_bar
 from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @out_of_memory_is_a_user_error(MemoryError)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
-    stop: StopRequest, grad_accum: int = 1, log_every: int = 50, tracker: Tracker | None = None,
+    stop: StopRequest, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
     watch: LoaderWatch | None = None, amp_dtype: str | None = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
@@ -39,7 +39,7 @@ def train_one_epoch(
 
     The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
     `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
-    Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker`.
+    Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker` (logs.LossLog).
     `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     """
     model.train()
@@ -51,6 +51,7 @@ def train_one_epoch(
     loss_sum = paddle.to_tensor(progress.loss_sum, dtype="float32")
     seen = progress.seen
     steps = progress.step + len(loader)
+    loss_log = LossLog(env.is_main, epoch, steps, grad_accum, log_every, tracker)
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, (images, labels) in enumerate(batches, progress.step + 1):
@@ -67,11 +68,7 @@ def train_one_epoch(
             optimizer.clear_grad()
         loss_sum += loss.detach() * len(labels)
         seen += len(labels)
-        if step % log_every == 0 and env.is_main:
-            mean_loss = loss_sum.item() / seen
-            log.info("epoch %d step %d/%d loss %.4f", epoch, step, steps, mean_loss)
-            if tracker is not None and math.isfinite(mean_loss):  # a diverged loss stops at the next vote
-                tracker.loss(optimizer_step(epoch, step, steps, grad_accum), mean_loss)
+        loss_log.step(step, loss_sum, seen)
         # The last step needs no check: the vote after the epoch's save covers it.
         if steps_now and step < steps and stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step)):
             raise Stopped(epoch, EpochProgress(step, loss_sum.item(), seen))

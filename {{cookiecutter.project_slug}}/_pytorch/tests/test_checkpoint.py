@@ -214,7 +214,7 @@ def test_saving_leaves_no_temporary_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
 
-def test_a_full_disk_while_saving_keeps_the_previous_checkpoint_leaves_no_temporary_file_and_says_so(tmp_path, monkeypatch):
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
     saver = build_checkpointer(tmp_path)
     save_epoch(saver, 1, 0.5, True)
 
