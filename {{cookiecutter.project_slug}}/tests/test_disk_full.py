@@ -65,7 +65,7 @@ def test_a_disk_that_fills_at_the_second_save_ends_in_one_line_and_the_same_comm
     assert full.returncode == 1
     output_lines = (full.stdout + full.stderr).splitlines()  # paddle's launcher shows rank 0's on stdout
     errors = [line for line in output_lines if line.startswith("error:") and LAUNCHERS_LINE not in line]
-    assert errors and all(line == errors[0] for line in errors), full.stdout[-2000:] + full.stderr[-2000:]
+    assert len(errors) == 1, full.stdout[-2000:] + full.stderr[-2000:]
     needs = (
         rf"no space left in {output / 'checkpoints'} for the checkpoint: it needs about [\d.]+ MB, [\d.]+ MB are free"
     )

@@ -21,8 +21,13 @@ def main() -> None:
     if join_timeout > 0:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
         threading.Thread(target=_give_up_unless_started, args=(first_log, join_timeout), daemon=True).start()
+    from paddle.distributed.launch.job.container import Container
     from paddle.distributed.launch.main import launch
 
+    # When a process fails, paddle prints the tail of its log. Process 0's log is on the console already: its
+    # error line would show twice.
+    tail = Container.tail
+    Container.tail = lambda container, length=3000: None if container.rank == 0 else tail(container, length)
     launch()
 
 
