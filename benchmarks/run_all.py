@@ -19,6 +19,7 @@ from pathlib import Path
 import bench_archive
 import bench_bake
 import bench_loop
+import bench_predict
 import bench_training
 from common import TEMPLATE, bake, fmt, summary, tool_env
 
@@ -109,8 +110,8 @@ def write_chart(loop: dict, training: dict, path: Path) -> None:
 
 
 def write_results(
-    path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, args,
-    failed_runs: list[str],
+    path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, predict: dict,
+    args, failed_runs: list[str],
 ) -> None:  # fmt: skip
     references = [f for f in training.values() if f["reference"]]
     drift = max(f["epoch_s"]["max"] / f["epoch_s"]["min"] for f in references)
@@ -254,6 +255,7 @@ def write_results(
         f"its wait exceeds the write by {1000 * (checkpoint['rank1_wait_s']['median'] - checkpoint['rank0_write_s']['median']):.0f} ms"
         " (median), the gather and the collective themselves.",
         "",
+        *bench_predict.section(predict),
     ]
     path.write_text("\n".join(lines))
 
@@ -286,6 +288,9 @@ def main() -> None:
     archive = stage("archive", lambda: bench_archive.measure(args.work, args.repeats))
     checkpoint = stage("checkpoint", lambda: checkpoint_cost(args.work, max(args.repeats, 3)))
     baking = stage("baking", lambda: bench_bake.measure(args.work, args.suite))
+    predict = stage(
+        "predict", lambda: bench_predict.measure(args.work, args.repeats, 10_000 if args.quick else 100_000)
+    )
     raw = {
         "machine": info,
         "loop": loop,
@@ -293,11 +298,12 @@ def main() -> None:
         "archive": archive,
         "baking": baking,
         "checkpoint": checkpoint,
+        "predict": predict,
     }
     (HERE / "results.json").write_text(json.dumps(raw, indent=2))
     failed_runs = training.pop("failed_runs")
     write_chart(loop, training, HERE / "parity.png")
-    write_results(HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, args, failed_runs)
+    write_results(HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, args, failed_runs)
     print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'parity.png'}")
 
 
