@@ -1,5 +1,6 @@
 """Checkpoints are a consistent pair that holds everything a resumed run needs and never a broken file."""
 
+import json
 import os
 import random
 import warnings
@@ -19,15 +20,16 @@ from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
 PAIR = ["last.pdopt", "last.pdparams"]
+FILES = ["last.json", *PAIR]  # and the data description, for predict.py
 
 
-def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: model) -> Checkpointer:
+def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: model, env: DistEnv = CPU) -> Checkpointer:
     # Paddle keys optimizer state by parameter names: start them afresh, as in a new process.
     with paddle.utils.unique_name.guard():
         model = wrap(nn.Linear(4, out_features))
         optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
         scheduler = engine.cosine_schedule(optimizer, 10)
-    return Checkpointer(directory, CPU, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False))
+    return Checkpointer(directory, env, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False))
 
 
 def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
@@ -63,13 +65,13 @@ def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) 
     saver.end_epoch(epoch, best_acc if is_best else 0.0)
 
 
-def test_last_checkpoint_is_a_pair_of_weights_and_training_state_that_paddle_load_reads(tmp_path):
+def test_last_checkpoint_is_weights_and_training_state_that_paddle_load_reads_and_the_data_in_json(tmp_path):
     saver = build_checkpointer(tmp_path)
     take_steps(saver)
 
     save_epoch(saver, 3, 0.5, False)
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
+    assert sorted(p.name for p in tmp_path.iterdir()) == FILES
     assert_same_weights(weights_of(saver.model), paddle.load(str(tmp_path / "last.pdparams")))
     state = paddle.load(str(tmp_path / "last.pdopt"))
     assert {"optimizer", "scaler", "epoch", "best_acc", "rng"} <= state.keys()
@@ -78,6 +80,7 @@ def test_last_checkpoint_is_a_pair_of_weights_and_training_state_that_paddle_loa
     assert state["optimizer"]["LR_Scheduler"]["last_epoch"] == 3
     assert any(key.endswith("velocity_0") for key in state["optimizer"]), "momentum buffers are missing"
     assert saver.last_path == tmp_path / "last.pdparams"
+    assert json.loads((tmp_path / "last.json").read_text()) == saver.data
 
 
 def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_path):
@@ -186,7 +189,7 @@ def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
 
 def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
     save_epoch(build_checkpointer(tmp_path), 1, 0.0, False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
+    assert sorted(p.name for p in tmp_path.iterdir()) == FILES
 
 
 def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
@@ -224,7 +227,7 @@ def test_saving_leaves_no_temporary_file(tmp_path):
     for epoch in (1, 2, 3):
         save_epoch(saver, epoch, 0.1 * epoch, True)
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "best.pdopt", "best.pdparams", *FILES]
 
 
 def test_a_full_disk_while_writing_keeps_the_previous_pair_leaves_no_temporary_file_and_says_so(tmp_path, monkeypatch):
@@ -244,7 +247,7 @@ def test_a_full_disk_while_writing_keeps_the_previous_pair_leaves_no_temporary_f
         save_epoch(saver, 2, 0.9, True)
     monkeypatch.undo()
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pdopt", "best.pdparams", *PAIR]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "best.pdopt", "best.pdparams", *FILES]
     assert paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 1
     assert_same_weights(paddle.load(str(tmp_path / "last.pdparams")), weights_at_1)
     assert build_checkpointer(tmp_path).resume("auto") == TrainingState(1, 0.5, EpochProgress())
@@ -258,13 +261,13 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
     real_replace = os.replace
     calls = []
 
-    def crash_after_the_first_file(source, destination):
-        if calls:
+    def crash_after_the_first_file_of_the_pair(source, destination):
+        if any(str(done).endswith(tuple(PAIR)) for done in calls):
             raise KeyboardInterrupt  # the job is killed mid-save
         calls.append(destination)
         real_replace(source, destination)
 
-    monkeypatch.setattr(checkpoint.os, "replace", crash_after_the_first_file)
+    monkeypatch.setattr(checkpoint.os, "replace", crash_after_the_first_file_of_the_pair)
     with pytest.raises(KeyboardInterrupt):
         save_epoch(saver, 2, 0.5, False)
     monkeypatch.undo()
@@ -277,7 +280,7 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
     assert resumer.resume("auto") == TrainingState(2, 0.5, EpochProgress())
 
     assert_same_weights(weights_of(resumer.model), weights_at_2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == PAIR
+    assert sorted(p.name for p in tmp_path.iterdir()) == FILES
 
 
 def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
@@ -368,11 +371,16 @@ def fake_gpus(monkeypatch, states: list) -> dict:
     return given
 
 
+def checkpointer_on_gpu1(tmp_path, monkeypatch, gpus: int) -> tuple[Checkpointer, list, dict]:
+    """A checkpointer of rank 0 on GPU 1 of a machine with `gpus` GPUs; with their random streams (stand-ins)
+    and what is set on them (fake_gpus)."""
+    states = generator_states(gpus)
+    given = fake_gpus(monkeypatch, states)
+    return build_checkpointer(tmp_path, env=GPU1), states, given
+
+
 def test_a_gpu_run_saves_its_own_gpus_random_stream_only(tmp_path, monkeypatch):
-    states = generator_states(2)
-    fake_gpus(monkeypatch, states)
-    saver = build_checkpointer(tmp_path)
-    saver.env = GPU1
+    saver, states, _ = checkpointer_on_gpu1(tmp_path, monkeypatch, gpus=2)
 
     save_epoch(saver, 1, 0.5, True)
 
@@ -381,15 +389,9 @@ def test_a_gpu_run_saves_its_own_gpus_random_stream_only(tmp_path, monkeypatch):
 
 
 def test_a_resume_on_a_machine_with_another_number_of_gpus_sets_this_ranks_own_stream(tmp_path, monkeypatch):
-    saved_states = generator_states(2)
-    fake_gpus(monkeypatch, saved_states)
-    saver = build_checkpointer(tmp_path)
-    saver.env = GPU1
+    saver, saved_states, _ = checkpointer_on_gpu1(tmp_path, monkeypatch, gpus=2)
     save_epoch(saver, 1, 0.5, True)
-    now = generator_states(4)  # the machine that resumes sees 4 GPUs
-    given = fake_gpus(monkeypatch, now)
-    resumer = build_checkpointer(tmp_path)
-    resumer.env = GPU1
+    resumer, now, given = checkpointer_on_gpu1(tmp_path, monkeypatch, gpus=4)  # the resuming machine has 4 GPUs
 
     assert resumer.resume("auto").epochs_done == 1
 
@@ -399,9 +401,7 @@ def test_a_resume_on_a_machine_with_another_number_of_gpus_sets_this_ranks_own_s
 
 
 def test_a_gpu_checkpoint_resumes_on_the_cpu(tmp_path, monkeypatch):
-    fake_gpus(monkeypatch, generator_states(2))
-    saver = build_checkpointer(tmp_path)
-    saver.env = GPU1
+    saver, _, _ = checkpointer_on_gpu1(tmp_path, monkeypatch, gpus=2)
     take_steps(saver)
     save_epoch(saver, 2, 0.75, True)
     monkeypatch.undo()

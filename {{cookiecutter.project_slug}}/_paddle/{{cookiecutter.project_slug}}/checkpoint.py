@@ -1,25 +1,27 @@
-"""Checkpoints: written by global rank 0 only, as a consistent pair; read back on every rank.
+"""Checkpoints: written by global rank 0 only, as a consistent set of files; read back on every rank.
 
 DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
 any copy of the model); last.pdopt beside it holds everything else needed to
 continue: optimizer (with the learning-rate schedule inside), AMP scaler,
 epochs done, best accuracy, every rank's RNG states and, after a SIGTERM stop,
-how far each rank is into the next epoch. best.* is a copy of the
-epoch with the best validation accuracy.
+how far each rank is into the next epoch; last.json how the images were read
+(class names, size, channels, mean and std), for predict.py. best.* is a copy
+of the epoch with the best validation accuracy.
 
-Two files cannot be replaced in one atomic step, so a save goes through a
+Several files cannot be replaced in one atomic step, so a save goes through a
 folder, and a folder rename is atomic:
-1. write the new pair (and best.* when this epoch is the best) into .saving/;
+1. write the new files (and best.* when this epoch is the best) into .saving/;
 2. rename .saving/ to .saved/: the commit point;
 3. move each file of .saved/ over its old version, then remove .saved/.
-A crash in 1 leaves .saving/, which the next start deletes: the old pair stays.
+A crash in 1 leaves .saving/, which the next start deletes: the old files stay.
 A crash in 3 leaves .saved/, which the next start moves into place first: the
-new pair wins. resume() does that recovery before it reads anything, so a run
+new files win. resume() does that recovery before it reads anything, so a run
 never loads weights from one epoch with the optimizer state of another. What is
 the same in PyTorch (the training state, the best epoch, resuming on every rank)
 is state.CheckpointerBase.
 """
 
+import json
 import logging
 import os
 import pickle
@@ -39,6 +41,7 @@ _log = logging.getLogger(__name__)  # for the interrupted-save warning, which Py
 LAST, BEST = "last.pdparams", "best.pdparams"
 STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng", "progress")
 _STATE = ".pdopt"  # the training state beside each .pdparams
+_DATA = ".json"  # and the data description: predict.py reads it without the optimizer's state
 _SAVING, _SAVED = ".saving", ".saved"
 
 
@@ -61,8 +64,10 @@ class Checkpointer(CheckpointerBase):
         try:
             _save_synced(distributed.unwrap(self.model).state_dict(), staging / LAST)
             _save_synced(training, (staging / LAST).with_suffix(_STATE))
+            (staging / LAST).with_suffix(_DATA).write_text(json.dumps(self.data), encoding="utf-8")
+            _sync((staging / LAST).with_suffix(_DATA))
             if is_best:
-                for name in (LAST, Path(LAST).with_suffix(_STATE).name):
+                for name in (LAST, Path(LAST).with_suffix(_STATE).name, Path(LAST).with_suffix(_DATA).name):
                     shutil.copyfile(staging / name, staging / name.replace("last", "best"))
             staging.rename(self.directory / _SAVED)
         finally:
@@ -161,26 +166,30 @@ class Checkpointer(CheckpointerBase):
 
 
 def read_weights(checkpoint: Path) -> tuple[dict, dict]:
-    """The model weights of a .pdparams file, and the data description (images.data_description()) of the .pdopt
+    """The model weights of a .pdparams file, and the data description (images.data_description()) in the .json
     beside it, if there is one."""
     if not checkpoint.is_file():
         raise UserError(
             f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
         )
+    description = checkpoint.with_suffix(_DATA)
     try:
         weights = paddle.load(str(checkpoint))
-        state_path = checkpoint.with_suffix(".pdopt")
-        state = paddle.load(str(state_path)) if state_path.is_file() else {}
+        data = json.loads(description.read_text(encoding="utf-8")) if description.is_file() else {}
     except (ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
         raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
     if not isinstance(weights, dict) or not weights:
         raise UserError(f"{checkpoint} holds no model weights: pass a last.pdparams or best.pdparams that run.py wrote")
-    return weights, (state.get("data") if isinstance(state, dict) else None) or {}
+    return weights, data if isinstance(data, dict) else {}
 
 
 def _save_synced(obj, path: Path) -> None:
-    """paddle.save, then wait until the bytes are on disk: the rename that follows must not outrun them."""
     paddle.save(obj, str(path))
+    _sync(path)
+
+
+def _sync(path: Path) -> None:
+    """Wait until the file's bytes are on disk: the rename that follows must not outrun them."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
