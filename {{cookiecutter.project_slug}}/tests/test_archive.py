@@ -53,15 +53,20 @@ def extract(source: Path, target: Path, **kwargs) -> bool:
     return archive.ensure_extracted(source, target, show_progress=False, **kwargs)
 
 
+def assert_extracted_cleanly(target: Path) -> None:
+    """target holds exactly LAYOUT, marked done, with no staging folder left behind."""
+    assert files_under(target) == LAYOUT
+    assert (target / archive.DONE_MARKER).is_file()
+    assert not (target / archive.STAGING).exists()
+
+
 def test_first_start_extracts_the_layout_and_writes_the_done_marker(tmp_path):
     source = write_zip(tmp_path / "data.zip", LAYOUT)
     target = tmp_path / "data"
 
     assert extract(source, target) is True
 
-    assert files_under(target) == LAYOUT
-    assert (target / archive.DONE_MARKER).is_file()
-    assert not (target / archive.STAGING).exists()
+    assert_extracted_cleanly(target)
 
 
 def test_second_start_does_not_extract_again(tmp_path):
@@ -112,9 +117,7 @@ def test_interrupted_extraction_is_redone_cleanly(tmp_path):
 
     assert extract(source, target) is True
 
-    assert files_under(target) == LAYOUT
-    assert (target / archive.DONE_MARKER).is_file()
-    assert not (target / archive.STAGING).exists()
+    assert_extracted_cleanly(target)
 
 
 def test_data_that_was_not_extracted_by_the_project_is_never_overwritten(tmp_path):
