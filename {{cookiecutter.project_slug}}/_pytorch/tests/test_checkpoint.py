@@ -20,12 +20,14 @@ from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
-def build_checkpointer(directory, out_features: int = 3, model: nn.Module | None = None) -> Checkpointer:
+def build_checkpointer(
+    directory, out_features: int = 3, model: nn.Module | None = None, env: DistEnv = CPU
+) -> Checkpointer:
     model = model or nn.Linear(4, out_features)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = engine.cosine_schedule(optimizer, 10)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return Checkpointer(directory, CPU, model, optimizer, scheduler, scaler)
+    return Checkpointer(directory, env, model, optimizer, scheduler, scaler)
 
 
 def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
@@ -312,8 +314,8 @@ def test_a_resume_on_a_gpu_reads_the_checkpoint_onto_the_cpu_and_gives_the_gpu_i
     _, gpu_stream = gpu_written_checkpoint(tmp_path, monkeypatch)
     given = {}
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: given.update(state=state, device=device))
-    resumer = build_checkpointer(tmp_path)
-    resumer.env = GPU1  # the model stays on the CPU: what is tested is where the checkpoint's pieces go
+    # The model stays on the CPU: what is tested is where the checkpoint's pieces go.
+    resumer = build_checkpointer(tmp_path, env=GPU1)
 
     assert resumer.resume("auto").epochs_done == 2
 
@@ -326,8 +328,7 @@ def test_a_gpu_run_saves_its_own_gpus_random_stream_only(tmp_path, monkeypatch):
     own_stream = torch.arange(8, dtype=torch.uint8)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: own_stream if device == GPU1.device else None)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's stream was saved"))
-    saver = build_checkpointer(tmp_path)
-    saver.env = GPU1
+    saver = build_checkpointer(tmp_path, env=GPU1)
 
     save_epoch(saver, 1, 0.5, True)
 
