@@ -7,7 +7,6 @@ throughput ratios to unzip in the same repetition. Then a second start: ensure_e
 the folder it already filled, which must only check its marker.
 """
 
-import argparse
 import json
 import os
 import random
@@ -18,7 +17,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from common import bake, summary
+from common import arguments, bake, summary
 
 FILES, FILE_BYTES = 20_000, 10_000
 
@@ -41,10 +40,7 @@ def timed(action) -> float:
 
 
 def main() -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", type=Path, default=Path("build/bench"))
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = arguments(__doc__, repeats=3)
     return measure(args.work, args.repeats)
 
 

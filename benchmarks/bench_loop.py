@@ -7,13 +7,12 @@ whose speed drifts from one minute to the next, this is the measurement that com
 like; whole runs of each (bench_training.py) drift apart by more than the bar.
 """
 
-import argparse
 import json
 import statistics
 import subprocess
 from pathlib import Path
 
-from common import bake, extract_sample, summary, tool_env
+from common import arguments, bake, extract_sample, summary, tool_env
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = [  # (name, answers): the loop is the same for every launcher of a framework, the wrappers are not
@@ -56,10 +55,7 @@ def measure(work: Path, epochs: int) -> dict:
 
 
 def main() -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", type=Path, default=Path("build/bench"))
-    parser.add_argument("--epochs", type=int, default=60)
-    args = parser.parse_args()
+    args = arguments(__doc__, epochs=60)
     return measure(args.work, args.epochs)
 
 

@@ -12,13 +12,12 @@ so that drifts of a noisy machine hit every configuration alike. Figures per con
   of a reference run right beside it (one-epoch runs, the archive already extracted).
 """
 
-import argparse
 import json
 import shutil
 import statistics
 from pathlib import Path
 
-from common import Watched, bake, extract_sample, summary, tool_env
+from common import Watched, arguments, bake, extract_sample, summary, tool_env
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = [  # (name, framework, answers); the reference of each framework comes first
@@ -91,11 +90,7 @@ def run_config(
 
 
 def main() -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", type=Path, default=Path("build/bench"))
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = arguments(__doc__, epochs=20, repeats=3)
     return measure(args.work, args.epochs, args.repeats)
 
 

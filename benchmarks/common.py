@@ -1,5 +1,6 @@
 """What every benchmark needs: baking, running a command while watching it, and robust summaries."""
 
+import argparse
 import os
 import shutil
 import statistics
@@ -25,6 +26,16 @@ def bake(output: Path, **answers: str) -> Path:
 
     shutil.rmtree(output, ignore_errors=True)
     return Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output), extra_context=answers))
+
+
+def arguments(description: str, **numbers: int) -> argparse.Namespace:
+    """A benchmark's command line: --work (its folder, build/bench by default) and an integer option per keyword,
+    whose value is the option's default: `arguments(__doc__, repeats=3)` reads --work and --repeats."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--work", type=Path, default=Path("build/bench"))
+    for name, default in numbers.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    return parser.parse_args()
 
 
 def summary(values: list[float]) -> dict:
