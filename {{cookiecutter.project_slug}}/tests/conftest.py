@@ -1,5 +1,6 @@
 """Shared fixtures of the project's tests, and the GPU tier's one condition."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,16 @@ def pytest_collection_modifyitems(config, items):
 def project_root() -> Path:
     """The baked project's folder, holding run.py and run.sh."""
     return ROOT
+
+
+def copy_of_project(project_root: Path, folder: Path, ignore: tuple[str, ...] = (), **appended: str) -> Path:
+    """A copy of the project in `folder`, without its output, caches and the names in `ignore`, with code appended
+    to modules of its package: `copy_of_project(root, folder, model=CODE)` ends model.py with CODE."""
+    shutil.copytree(project_root, folder, ignore=shutil.ignore_patterns("output", "__pycache__", *ignore))
+    for module, code in appended.items():
+        with open(folder / "{{ cookiecutter.project_slug }}" / f"{module}.py", "a", encoding="utf-8") as file:
+            file.write(code)
+    return folder
 
 
 def write_image_folder(

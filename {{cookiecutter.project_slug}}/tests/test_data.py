@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image_folder
+from conftest import copy_of_project, write_image_folder
 
 from {{ cookiecutter.project_slug }} import archive, cli, data, settings, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -291,10 +291,7 @@ def build_datasets(args):  # noqa: F811 - a test gives the project datasets of i
 def test_a_project_with_its_own_datasets_never_extracts_the_sample_but_always_a_named_archive(
     project_root, tmp_path, sample_archive, named
 ):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__", "digits"))
-    with open(project / "{{ cookiecutter.project_slug }}" / "data.py", "a", encoding="utf-8") as data_py:
-        data_py.write(OWN_DATASETS)
+    project = copy_of_project(project_root, tmp_path / "project", ignore=("digits",), data=OWN_DATASETS)
     theirs = tmp_path / "theirs.zip"
     shutil.copyfile(sample_archive, theirs)
     command = [sys.executable, "run.py", "--epochs", "1", "--device", "cpu", "--output-dir", str(tmp_path / "out")]

@@ -1,13 +1,13 @@
 """One job per output folder: a second job stops before it writes anything; a job that died holds nothing."""
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import copy_of_project
 
 from {{ cookiecutter.project_slug }} import folder_lock, settings, workspace
 
@@ -29,11 +29,7 @@ def build_model(num_classes, channels=3):  # noqa: F811 - a test slows every ste
 
 @pytest.fixture
 def slow_project(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    with open(project / "{{ cookiecutter.project_slug }}" / "model.py", "a", encoding="utf-8") as model:
-        model.write(SLOW_STEPS)
-    return project
+    return copy_of_project(project_root, tmp_path / "project", model=SLOW_STEPS)
 
 
 def command(output, *script: str) -> list[str]:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import copy_of_project
 
 from {{ cookiecutter.project_slug }} import distributed, hardware, notebook, platforms
 from {{ cookiecutter.project_slug }}.errors import PlatformError, UserError
@@ -152,23 +153,31 @@ def test_notebook_launch_refuses_more_processes_than_gpus_before_it_starts_any(g
         notebook.launch(["--synthetic"], nproc=2, train=print)
 
 
-OUT_OF_MEMORY_MODEL = {
+OUT_OF_MEMORY = {
     "pytorch": "torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity')",
     "paddle": "MemoryError('ResourceExhaustedError: Out of memory error on GPU 0. Cannot allocate 20.000000GB memory')",
 }[FRAMEWORK]
 
+# Appended to model.py: every forward pass runs out of GPU memory, in the framework's words.
+OUT_OF_MEMORY_MODEL = f"""
+
+_build_model = build_model
+
+
+def build_model(num_classes, channels=3):  # noqa: F811
+    network = _build_model(num_classes, channels)
+
+    def full(*args):
+        raise {OUT_OF_MEMORY}
+
+    register = getattr(network, 'register_forward_post_hook', None) or network.register_forward_hook
+    register(full)
+    return network
+"""
+
 
 def test_running_out_of_gpu_memory_is_one_line_naming_the_flags_that_lower_it(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    model_py = project / "{{ cookiecutter.project_slug }}" / "model.py"
-    model_py.write_text(
-        model_py.read_text()
-        + f"\n\n_build_model = build_model\n\n\ndef build_model(num_classes, channels=3):  # noqa: F811\n"
-        f"    network = _build_model(num_classes, channels)\n\n    def full(*args):\n        raise {OUT_OF_MEMORY_MODEL}\n\n"
-        "    register = getattr(network, 'register_forward_post_hook', None) or network.register_forward_hook\n"
-        "    register(full)\n    return network\n"
-    )
+    project = copy_of_project(project_root, tmp_path / "project", model=OUT_OF_MEMORY_MODEL)
     command = [sys.executable, "run.py", "--synthetic", "--epochs", "1", "--device", "cpu"]
 
     result = subprocess.run(

@@ -3,13 +3,12 @@
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import SLOW_DATA
+from conftest import SLOW_DATA, copy_of_project
 
 from {{ cookiecutter.project_slug }} import hardware, settings, workspace
 from {{ cookiecutter.project_slug }}.loader_watch import CHECK_AFTER_STEPS, LoaderWatch
@@ -94,10 +93,7 @@ def run_py(project, output, *args) -> str:
 
 
 def test_a_run_on_a_slow_disk_says_so_once_and_a_default_run_says_nothing(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    data_py = project / "{{ cookiecutter.project_slug }}" / "data.py"
-    data_py.write_text(data_py.read_text() + SLOW_DATA)
+    project = copy_of_project(project_root, tmp_path / "project", data=SLOW_DATA)
 
     slow_log = run_py(project, tmp_path / "slow" / "output")
     default_log = run_py(project_root, tmp_path / "default" / "output")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SLOW_DATA, write_image_folder
+from conftest import SLOW_DATA, copy_of_project, write_image_folder
 
 from {{ cookiecutter.project_slug }} import distributed, workspace
 from {{ cookiecutter.project_slug }}.settings import DATASET, FRAMEWORK
@@ -111,10 +111,7 @@ def build_model(num_classes, channels=3):  # noqa: F811 - a test slows every ste
 
 
 def test_sigterm_part_way_through_an_epoch_saves_and_the_same_command_finishes_every_epoch_once(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    with open(project / "{{ cookiecutter.project_slug }}" / "model.py", "a", encoding="utf-8") as model:
-        model.write(SLOW_STEPS)
+    project = copy_of_project(project_root, tmp_path / "project", model=SLOW_STEPS)
     output = tmp_path / "output"
     args = ["--output-dir", str(output), *data_args(output), "--epochs", "3", "--device", "gpu"]
     args += ["--batch-size", "16", "--log-every", "1"]
@@ -285,10 +282,7 @@ def test_two_deterministic_gpu_runs_train_the_same_losses(project_root, tmp_path
 
 
 def test_a_gpu_run_that_waits_on_a_slow_disk_says_so_once(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    with open(project / "{{ cookiecutter.project_slug }}" / "data.py", "a", encoding="utf-8") as data:
-        data.write(SLOW_DATA)
+    project = copy_of_project(project_root, tmp_path / "project", data=SLOW_DATA)
     output = tmp_path / "output"
 
     train(project, output, "--epochs", "1", "--device", "gpu", "--workers", "0")

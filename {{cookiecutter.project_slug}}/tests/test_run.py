@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image_folder
+from conftest import copy_of_project, write_image_folder
 
 from {{ cookiecutter.project_slug }} import cli, images, inference, settings, workspace
 from {{ cookiecutter.project_slug }}.model import build_model
@@ -176,10 +176,7 @@ def build_model(num_classes, channels=3):
 def test_a_diverging_loss_stops_every_rank_with_one_error_line_and_keeps_the_last_good_checkpoint(
     project_root, tmp_path
 ):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    model_py = project / "{{ cookiecutter.project_slug }}" / "model.py"
-    model_py.write_text(model_py.read_text() + POISONED_MODEL)
+    project = copy_of_project(project_root, tmp_path / "project", model=POISONED_MODEL)
     output_dir = tmp_path / "output"
 
     result = run(["bash", "run.sh", *training_args(output_dir, epochs=3)], project, nproc=2, check=False)
@@ -210,10 +207,7 @@ def build_loss():  # noqa: F811 - a test replaces the loss as a user would
 
 
 def test_a_loss_of_your_own_in_model_py_is_the_loss_training_and_evaluation_use(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    model_py = project / "{{ cookiecutter.project_slug }}" / "model.py"
-    model_py.write_text(model_py.read_text() + SHIFTED_LOSS)
+    project = copy_of_project(project_root, tmp_path / "project", model=SHIFTED_LOSS)
     output_dir = tmp_path / "output"
 
     run([sys.executable, "run.py", "--synthetic", "--epochs", "1", "--output-dir", str(output_dir)], project, nproc=1)

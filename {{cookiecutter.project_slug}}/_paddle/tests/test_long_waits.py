@@ -3,12 +3,12 @@ up to --dist-timeout, and past it the job ends in one line."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import copy_of_project
 
 from {{ cookiecutter.project_slug }} import settings, workspace
 
@@ -47,18 +47,6 @@ Checkpointer._write = _slow_first_write
 """
 
 
-@pytest.fixture
-def slow_project(project_root, tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(project_root, project, ignore=shutil.ignore_patterns("output", "__pycache__"))
-    return project
-
-
-def hold_back(project, module: str, code: str, seconds: float) -> None:
-    with open(project / "{{ cookiecutter.project_slug }}" / module, "a", encoding="utf-8") as file:
-        file.write(code.format(seconds=seconds))
-
-
 def train(project, output, *args: str) -> subprocess.CompletedProcess:
     command = ["bash", "run.sh", "--epochs", "2", "--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
@@ -68,13 +56,13 @@ def train(project, output, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_a_rank_held_back_45_s_in_extraction_and_in_a_save_is_waited_for_up_to_the_dist_timeout(slow_project, tmp_path):
-    hold_back(slow_project, "archive.py", SLOW_EXTRACTION, HELD_BACK_S)
-    hold_back(slow_project, "checkpoint.py", SLOW_FIRST_SAVE, HELD_BACK_S)
+def test_a_rank_held_back_45_s_in_extraction_and_in_a_save_is_waited_for_up_to_the_dist_timeout(project_root, tmp_path):
+    slow_extraction, slow_save = (code.format(seconds=HELD_BACK_S) for code in (SLOW_EXTRACTION, SLOW_FIRST_SAVE))
+    project = copy_of_project(project_root, tmp_path / "project", archive=slow_extraction, checkpoint=slow_save)
     output = tmp_path / "output"
     started = time.monotonic()
 
-    result = train(slow_project, output, "--dist-timeout", "120")
+    result = train(project, output, "--dist-timeout", "120")
 
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert time.monotonic() - started > 2 * HELD_BACK_S
@@ -82,10 +70,10 @@ def test_a_rank_held_back_45_s_in_extraction_and_in_a_save_is_waited_for_up_to_t
     assert [row["epoch"] for row in rows] == [1, 2]
 
 
-def test_a_save_longer_than_the_dist_timeout_ends_the_job_in_one_line_that_names_the_wait(slow_project, tmp_path):
-    hold_back(slow_project, "checkpoint.py", SLOW_FIRST_SAVE, 20)
+def test_a_save_longer_than_the_dist_timeout_ends_the_job_in_one_line_that_names_the_wait(project_root, tmp_path):
+    project = copy_of_project(project_root, tmp_path / "project", checkpoint=SLOW_FIRST_SAVE.format(seconds=20))
 
-    result = train(slow_project, tmp_path / "output", "--dist-timeout", "5")
+    result = train(project, tmp_path / "output", "--dist-timeout", "5")
 
     assert result.returncode != 0
     errors = {line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")}
