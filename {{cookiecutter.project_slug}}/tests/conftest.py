@@ -73,6 +73,27 @@ def copy_of_project(project_root: Path, folder: Path, ignore: tuple[str, ...] = 
     return folder
 
 
+def save_rank_result(folder: str | Path, rank: int, result: dict) -> None:
+    """A spawned rank's training result (numpy arrays: its parameters, per-epoch losses and samples) in
+    folder/rank<rank>.npz, for the test that started it to read with rank_results()."""
+    import numpy as np
+
+    path = Path(folder) / f"rank{rank}.npz"
+    np.savez(path, *result["parameters"], losses=result["losses"], samples=result["samples"])
+
+
+def rank_results(folder: Path, world_size: int) -> list[dict]:
+    """What save_rank_result() wrote in folder for each of ranks 0 to world_size - 1."""
+    import numpy as np
+
+    results = []
+    for rank in range(world_size):
+        with np.load(folder / f"rank{rank}.npz") as saved:
+            parameters = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
+            results.append({"parameters": parameters, "losses": saved["losses"], "samples": saved["samples"]})
+    return results
+
+
 def write_image_folder(
     root: Path, classes: list[str], per_class: int, size: int = 8, seed: int = 0, first: int = 0
 ) -> Path:

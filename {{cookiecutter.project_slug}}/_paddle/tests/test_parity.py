@@ -10,12 +10,12 @@ norm or dropout, whose results depend on how a batch is split.
 """
 
 import importlib.util
-import os
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
 import pytest
+from conftest import rank_results, save_rank_result
 from paddle import nn
 from paddle.io import TensorDataset
 
@@ -93,13 +93,7 @@ def train(loop: str, batch_size: int, grad_accum: int) -> dict:
 
 
 def rank_worker(loop: str, batch_size: int, grad_accum: int, out_dir: str) -> None:
-    result = train(loop, batch_size, grad_accum)
-    np.savez(
-        os.path.join(out_dir, f"rank{dist.get_rank()}.npz"),
-        *result["parameters"],
-        losses=result["losses"],
-        samples=result["samples"],
-    )
+    save_rank_result(out_dir, dist.get_rank(), train(loop, batch_size, grad_accum))
 
 
 def train_in_ranks(tmp_path, loop: str, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
@@ -108,12 +102,7 @@ def train_in_ranks(tmp_path, loop: str, world_size: int, batch_size: int, grad_a
     out_dir.mkdir()
     # gloo, as the ranks train on CPUs (setup("cpu")): spawn's default on a GPU machine is one GPU per rank
     dist.spawn(rank_worker, args=(loop, batch_size, grad_accum, str(out_dir)), nprocs=world_size, backend="gloo")
-    results = []
-    for rank in range(world_size):
-        with np.load(out_dir / f"rank{rank}.npz") as saved:
-            parameters = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
-            results.append({"parameters": parameters, "losses": saved["losses"], "samples": saved["samples"]})
-    return results
+    return rank_results(out_dir, world_size)
 
 
 def train_here(loop: str, batch_size: int, grad_accum: int) -> dict:

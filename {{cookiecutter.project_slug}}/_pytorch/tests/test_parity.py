@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import rank_results, save_rank_result
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -70,13 +71,7 @@ def rank_worker(rank: int, world_size: int, port: int, batch_size: int, grad_acc
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size)
     )
-    result = train(batch_size, grad_accum)
-    np.savez(
-        os.path.join(out_dir, f"rank{rank}.npz"),
-        *result["parameters"],
-        losses=result["losses"],
-        samples=result["samples"],
-    )
+    save_rank_result(out_dir, rank, train(batch_size, grad_accum))
 
 
 def free_port() -> int:
@@ -91,12 +86,7 @@ def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) 
     out_dir.mkdir()
     port = free_port()
     mp.spawn(rank_worker, args=(world_size, port, batch_size, grad_accum, str(out_dir)), nprocs=world_size)
-    results = []
-    for rank in range(world_size):
-        with np.load(out_dir / f"rank{rank}.npz") as saved:
-            parameters = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
-            results.append({"parameters": parameters, "losses": saved["losses"], "samples": saved["samples"]})
-    return results
+    return rank_results(out_dir, world_size)
 
 
 def train_here(batch_size: int, grad_accum: int) -> dict:
