@@ -161,8 +161,11 @@ def median_epoch(records: list[dict]) -> float:
 
 
 def rank_series(watched: Watched) -> list[list[int]]:
-    """Memory samples of each rank: processes seen for a second or more (not one caught while starting others)."""
-    return [[rss for _, rss in samples] for samples in watched.rss.values() if len(samples) >= 10]
+    """Memory samples of each rank: the processes that lived through most of the run. Not a short-lived one (a
+    process caught while starting others, a helper that imports the framework for a second or two), whose
+    growth over a few samples is its import, not a leak."""
+    longest = max(len(samples) for samples in watched.rss.values())
+    return [[rss for _, rss in samples] for samples in watched.rss.values() if len(samples) >= max(10, longest // 2)]
 
 
 def peak_rss(watched: Watched) -> float:
