@@ -18,6 +18,7 @@ from pathlib import Path
 
 import bench_archive
 import bench_bake
+import bench_gpu
 import bench_loop
 import bench_predict
 import bench_training
@@ -111,7 +112,7 @@ def write_chart(loop: dict, training: dict, path: Path) -> None:
 
 def write_results(
     path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, predict: dict,
-    args, failed_runs: list[str],
+    gpu: dict | None, args, failed_runs: list[str],
 ) -> None:  # fmt: skip
     references = [f for f in training.values() if f["reference"]]
     drift = max(f["epoch_s"]["max"] / f["epoch_s"]["min"] for f in references)
@@ -119,11 +120,12 @@ def write_results(
         "# Benchmark results",
         "",
         f"Written by `make bench` (`benchmarks/run_all.py`) on {info['date']}, commit {info['commit']}.",
-        f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']:.0f} GiB, no GPU; {info['os']}.",
+        f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']:.0f} GiB; {info['os']}.",
         f"Python {info['python']}; " + ", ".join(f"{name} {v}" for name, v in info["versions"].items()) + ".",
         "",
         "Each figure is median [min, max] over repetitions; every ratio is against a plain reference measured in",
-        "the same run. There is no GPU section: no GPU was available to this run.",
+        "the same run. Sections 1 to 6 and 8 ran on this machine's CPUs; section 7 comes from `bench_gpu.py`, run",
+        "where a GPU is.",
         "",
         "## 1. Training parity (2 processes, CPU)",
         "",
@@ -255,6 +257,7 @@ def write_results(
         f"its wait exceeds the write by {1000 * (checkpoint['rank1_wait_s']['median'] - checkpoint['rank0_write_s']['median']):.0f} ms"
         " (median), the gather and the collective themselves.",
         "",
+        *bench_gpu.section(gpu),
         *bench_predict.section(predict),
     ]
     path.write_text("\n".join(lines))
@@ -303,7 +306,11 @@ def main() -> None:
     (HERE / "results.json").write_text(json.dumps(raw, indent=2))
     failed_runs = training.pop("failed_runs")
     write_chart(loop, training, HERE / "parity.png")
-    write_results(HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, args, failed_runs)
+    gpu_results = HERE / "results-gpu.json"  # bench_gpu.py's, from a GPU machine: no GPU runs here
+    gpu = json.loads(gpu_results.read_text()) if gpu_results.exists() else None
+    write_results(
+        HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, gpu, args, failed_runs
+    )
     print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'parity.png'}")
 
 
