@@ -13,7 +13,6 @@ model, so it runs in wrap_model(), where the model's needs
 """
 
 import contextlib
-import ctypes
 import io
 import itertools
 import logging
@@ -33,6 +32,7 @@ from paddle.base import core
 from paddle.distributed import fleet
 
 from . import hardware
+from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
 
@@ -43,6 +43,7 @@ _log = logging.getLogger(__name__)
 # instead, and wait up to --dist-timeout, which setup() keeps here.
 _GLOO_LIMIT_S = 30
 _wait_limit_s = 1800.0
+_HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD}
 _waits = itertools.count()  # every rank waits in the same order: the n-th wait has the same key everywhere
 
 
@@ -120,7 +121,9 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         this_device = f"gpu:{index}"
     paddle.set_device(this_device)
     if world_size > 1:
-        _die_with_the_launcher()
+        # paddle's launcher starts each rank in a session of its own: a launcher killed outright (kill -9 of
+        # run.sh's process group, as a test or a user does) would leave its ranks training on, holding the folder.
+        die_with_parent(os.getppid())
         if this_device == "cpu":
             os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"  # paddle's default with CUDA is NCCL, even for CPU tensors
         os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo keeps _GLOO_LIMIT_S
@@ -132,22 +135,6 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
             dist.init_parallel_env()
     # launch and fleetrun set PADDLE_LOCAL_SIZE; spawn starts the processes of one machine.
     return DistEnv(rank, local_rank, world_size, this_device, int(os.environ.get("PADDLE_LOCAL_SIZE", world_size)))
-
-
-def _die_with_the_launcher() -> None:
-    """Linux: this rank gets SIGKILL when the process that started it dies.
-
-    paddle's launcher starts each rank in a session of its own: a launcher killed outright (kill -9 of run.sh's
-    process group, as a test or a user does) would leave its ranks training on, holding the output folder.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    launcher = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != launcher:  # it died before prctl() took effect
-        os._exit(1)
 
 
 def _wait_for_the_store(timeout_s: float) -> None:
@@ -192,29 +179,40 @@ def barrier(waiting_for: str = "the other processes") -> None:
         return
     if paddle.get_device().startswith("gpu"):
         paddle.device.synchronize()  # as dist.barrier() would: this rank's queued GPU work is done too
-    store, key, world_size = core.create_or_get_global_tcp_store(), _next_key(), dist.get_world_size()
-    store.add(key, 1)
-    _wait_until(lambda: store.add(key, 0) >= world_size, waiting_for)
+    key, world_size = _next_key(), dist.get_world_size()
+    _store("add", key, 1)
+    _wait_until(lambda: _store("add", key, 0) >= world_size, waiting_for)
     # Rank 0 hosts the store: it leaves last, once every rank has seen the count (or their next look would fail).
-    store.add(f"{key}.seen", 1)
+    _store("add", f"{key}.seen", 1)
     if dist.get_rank() == 0:
-        _wait_until(lambda: store.add(f"{key}.seen", 0) >= world_size, waiting_for)
+        _wait_until(lambda: _store("add", f"{key}.seen", 0) >= world_size, waiting_for)
 
 
 def share_from_main(obj, waiting_for: str):
     """Rank 0's `obj` (small, picklable) on every rank; the others wait for it up to --dist-timeout."""
     if not dist.is_initialized():
         return obj
-    store, key = core.create_or_get_global_tcp_store(), _next_key()
+    key = _next_key()
     if dist.get_rank() == 0:
-        store.set(key, pickle.dumps(obj))
-        store.add(f"{key}.ready", 1)
+        _store("set", key, pickle.dumps(obj))
+        _store("add", f"{key}.ready", 1)
         barrier(waiting_for)  # rank 0 hosts the store: it stays until every rank has read
         return obj
-    _wait_until(lambda: store.add(f"{key}.ready", 0) > 0, waiting_for)
-    obj = pickle.loads(bytes(store.get(key)))
+    _wait_until(lambda: _store("add", f"{key}.ready", 0) > 0, waiting_for)
+    obj = pickle.loads(bytes(_store("get", key)))
     barrier(waiting_for)
     return obj
+
+
+def _store(method: str, *args):
+    """A call to rank 0's rendezvous store, signals held back until it returns: one landing while paddle's client
+    waits for the reply (the launcher's second SIGTERM while rank 0 saves) would fail the call ("Interrupted
+    system call") and leave the connection out of step. Its handler runs right after the call instead."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        return getattr(core.create_or_get_global_tcp_store(), method)(*args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _next_key() -> str:
