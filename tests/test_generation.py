@@ -23,6 +23,7 @@ SHARED_PACKAGE = {
     "submission",
     "hardware",
     "loader_watch",
+    "child_processes",
     "folder_lock",
     "training",
     "workspace",

@@ -18,7 +18,7 @@ TRAIN_SIZE, VAL_SIZE = 1437, 360  # the sample digits archive
 BASIC_API_CASES = [answers for answers in LAUNCH_CASES if answers.get("paddle_api", "basic") == "basic"]
 CHECKPOINT_FILES = {
     "pytorch": {"last.pt", "best.pt"},
-    "paddle": {"last.pdparams", "last.pdopt", "best.pdparams", "best.pdopt"},
+    "paddle": {"last.pdparams", "last.pdopt", "last.json", "best.pdparams", "best.pdopt", "best.json"},
 }
 
 
@@ -336,7 +336,10 @@ def test_a_job_killed_at_any_moment_resumes_to_the_same_results(bake, tmp_path, 
 
     for kill_point, (lines, extra_s) in enumerate([(0, 2.0), (1, 0.0), (1, 0.6), (2, 0.2)]):
         output = tmp_path / f"killed{kill_point}"
-        kill_job_after(start_job(project, *args, "--output-dir", str(output)), output / "metrics.jsonl", lines, extra_s)
+        # With loader workers, as on GPUs: the kill takes the ranks (in sessions of their own) and their workers.
+        job = start_job(project, *args, "--workers", "1", "--output-dir", str(output))
+        kill_job_after(job, output / "metrics.jsonl", lines, extra_s)
+        assert processes_left_in(project) == [], f"kill point {kill_point}"
         # An epoch's metrics line comes just before its save: a kill between them leaves no checkpoint of it.
         saved = any((output / "checkpoints").glob("last.*"))
         train(project, *args, "--output-dir", str(output))
@@ -390,7 +393,8 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     # Kubernetes signals run.sh only; SLURM every process of the job: one launcher per framework tries the latter.
     whole_group = answers["launcher"] == "spawn"
 
-    job = start_job(project, *STOP_ARGS, "--output-dir", str(output))
+    # With a loader worker, as on GPUs: launchers and SLURM signal it too, and it must not end the rank before its save.
+    job = start_job(project, *STOP_ARGS, "--workers", "1", "--output-dir", str(output))
     seconds = stop_job_at(job, output / "train.log", "epoch 1 step 10/", whole_group)
 
     assert job.returncode == 143

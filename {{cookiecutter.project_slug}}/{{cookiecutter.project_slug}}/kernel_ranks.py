@@ -3,7 +3,6 @@ through a pipe how it ended; the kernel watches them, stops them all when one fa
 pressed, and leaves none behind."""
 
 import contextlib
-import ctypes
 import io
 import logging
 import os
@@ -16,6 +15,7 @@ import warnings
 from multiprocessing.connection import wait
 
 from . import errors
+from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError
 
 # After a failure, the other ranks get this long to end on SIGTERM before they are killed.
@@ -239,7 +239,7 @@ class Ranks:
 def _rank_main(rank: int, train, args, writer, kernel_pid: int, forked: bool) -> None:
     """One rank: report how train(args) ended through `writer`, then exit without the kernel's exit handlers."""
     os.setpgid(0, 0)  # the stop button signals the kernel's group: the kernel stops the ranks itself
-    _die_with(kernel_pid)
+    die_with_parent(kernel_pid)  # a kernel restart ends its ranks too
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler the kernel had (paddle's, an earlier run's)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # Line by line to the file descriptors, not to a forked copy of the kernel's stream objects: a Jupyter
@@ -280,14 +280,3 @@ def _keep_kernel_loader() -> None:
     if module is not None and getattr(module, "_loader", None) is not None:
         _kept_from_the_kernel.append(module._loader)
         module._loader = None
-
-
-def _die_with(kernel_pid: int) -> None:
-    """Linux: this rank gets SIGKILL when the kernel dies (a restart), instead of training on as an orphan."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != kernel_pid:  # it died before prctl() took effect
-        os._exit(1)

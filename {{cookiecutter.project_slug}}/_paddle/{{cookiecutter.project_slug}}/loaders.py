@@ -11,6 +11,7 @@ from pathlib import Path
 from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
 
 from . import hardware
+from .child_processes import end_with_the_rank
 from .distributed import DistEnv
 from .errors import UserError
 
@@ -77,7 +78,9 @@ def build_loaders(
 
 
 def _options(workers: int) -> dict:
-    return dict(num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0)
+    return dict(
+        num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0, worker_init_fn=end_with_the_rank
+    )
 
 
 class ImageFiles(Dataset):

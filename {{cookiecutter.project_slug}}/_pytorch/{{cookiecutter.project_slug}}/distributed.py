@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from . import hardware
+from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
 
@@ -106,6 +107,9 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     else:
         this_device = torch.device("cpu")
     if world_size > 1:
+        # torchrun starts each rank in a session of its own: a launcher killed outright (kill -9 of run.sh's
+        # process group, as a test or a user does) would leave its ranks training on, holding the folder.
+        die_with_parent(os.getppid())
         try:
             dist.init_process_group(
                 backend="nccl" if use_gpu else "gloo",

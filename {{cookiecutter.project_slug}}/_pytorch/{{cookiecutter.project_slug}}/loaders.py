@@ -6,6 +6,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from . import hardware
+from .child_processes import end_with_the_rank
 from .distributed import DistEnv
 
 
@@ -70,7 +71,10 @@ def build_loaders(
 
 
 def _options(batch_size: int, workers: int, env: DistEnv) -> dict:
-    return dict(batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0)
+    return dict(
+        batch_size=batch_size, num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0,
+        worker_init_fn=end_with_the_rank,
+    )  # fmt: skip
 
 
 class ImageFiles(Dataset):
