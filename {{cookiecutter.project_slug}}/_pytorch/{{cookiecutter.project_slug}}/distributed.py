@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -130,6 +131,9 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
 
 def cleanup() -> None:
     if dist.is_initialized():
+        # gloo's worker threads free a finished collective's tensors with the GIL held; they get it here. Otherwise
+        # the group, freed later with the DDP model while this thread holds the GIL, could wait for them forever.
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 
