@@ -53,6 +53,8 @@ def train(args) -> None:
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
         amp_dtype = "fp16" if engine.mixed_precision(args.amp, args.amp_dtype, env) else None
+        if amp_dtype and args.amp_dtype == "bf16":
+            log.warning("--amp-dtype bf16: paddle.Model's mixed precision is float16 only, so this run uses float16")
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler, data=data)
