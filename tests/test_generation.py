@@ -8,6 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
+from house import house_problems
 
 SHARED_PACKAGE = {
     "settings",
@@ -148,6 +149,7 @@ def test_every_valid_answer_bakes_a_clean_project(bake, answers):
     assert lint.returncode == 0, lint.stdout
     shellcheck = run(["shellcheck", "run.sh", "slurm/train.sbatch"], project)
     assert shellcheck.returncode == 0, shellcheck.stdout
+    assert house_problems(project) == ([], {})  # imports go one way, down; no module much over 400 lines
 
 
 INVALID = [

@@ -1,81 +1,18 @@
 """The baked project's house: imports go one way, down. No module imports one that stands above it, so none
 takes part in a circle; and no module is much over 400 lines."""
 
-import ast
-from pathlib import Path
-
 import pytest
 from conftest import answers_id, valid_answers
-
-MAX_LINES = 420  # "about 400"
+from house import circles, house_problems, import_graph
 
 
 def variant_cases() -> list:
-    """Every valid answer; the fast tier bakes the first of each framework, launcher and Paddle API."""
-    cases, seen = [], set()
+    """The first valid answer of each framework, launcher and Paddle API: the fast tier's; CI's bake of every answer
+    (test_generation.py) checks the house of each."""
+    first = {}
     for answers in valid_answers("pytorch") + valid_answers("paddle"):
-        key = (answers["framework"], answers["launcher"], answers["paddle_api"])
-        cases.append(pytest.param(answers, id=answers_id(answers), marks=[] if key not in seen else [pytest.mark.slow]))
-        seen.add(key)
-    return cases
-
-
-def project_modules(project: Path, package: str) -> dict[str, Path]:
-    """The package's modules and the scripts beside it (run.py, predict.py), by the name an import uses."""
-    modules = {path.stem: path for path in (project / package).glob("*.py") if path.stem != "__init__"}
-    return modules | {path.stem: path for path in project.glob("*.py")}
-
-
-def imported_names(source: str, package: str) -> set[str]:
-    """The project modules that `source` imports: at its top or inside functions, relatively or by the
-    package's name, and by importlib.import_module("literal name")."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == package):
-            inside = (node.module or "").removeprefix(package).lstrip(".") if not node.level else (node.module or "")
-            names |= {inside.split(".")[0]} if inside else {alias.name for alias in node.names}
-        elif isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith(package + ".")}
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                name = node.args[0].value.removeprefix(package).lstrip(".")
-                names.add(name.split(".")[0])
-    return names
-
-
-def import_graph(project: Path, package: str) -> dict[str, set[str]]:
-    modules = project_modules(project, package)
-    return {
-        name: imported_names(path.read_text(encoding="utf-8"), package) & modules.keys() - {"__init__"}
-        for name, path in modules.items()
-    }
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Each group of modules that import one another, directly or through others (Tarjan's algorithm)."""
-    order, low, stack, found, counter = {}, {}, [], [], [0]
-
-    def visit(name: str) -> None:
-        order[name] = low[name] = counter[0]
-        counter[0] += 1
-        stack.append(name)
-        for other in sorted(graph[name]):
-            if other not in order:
-                visit(other)
-                low[name] = min(low[name], low[other])
-            elif other in stack:
-                low[name] = min(low[name], order[other])
-        if low[name] == order[name]:
-            group = []
-            while not group or group[-1] != name:
-                group.append(stack.pop())
-            if len(group) > 1 or name in graph[name]:
-                found.append(sorted(group))
-
-    for name in sorted(graph):
-        if name not in order:
-            visit(name)
-    return found
+        first.setdefault((answers["framework"], answers["launcher"], answers["paddle_api"]), answers)
+    return [pytest.param(answers, id=answers_id(answers)) for answers in first.values()]
 
 
 def test_a_circle_through_an_import_inside_a_function_or_import_module_is_found(tmp_path):
@@ -92,8 +29,5 @@ def test_a_circle_through_an_import_inside_a_function_or_import_module_is_found(
 @pytest.mark.parametrize("answers", variant_cases())
 def test_imports_go_one_way_down_and_no_module_is_much_over_400_lines(bake, answers):
     project = bake(**answers)
-    graph = import_graph(project, project.name)
 
-    assert circles(graph) == []
-    sizes = {name: len(path.read_text().splitlines()) for name, path in project_modules(project, project.name).items()}
-    assert {name: lines for name, lines in sizes.items() if lines > MAX_LINES} == {}
+    assert house_problems(project) == ([], {})
