@@ -5,12 +5,11 @@ import logging
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import SLOW_DATA, copy_of_project
 
-from {{ cookiecutter.project_slug }} import hardware, settings, workspace
+from {{ cookiecutter.project_slug }} import hardware, loader_watch, settings, workspace
 from {{ cookiecutter.project_slug }}.loader_watch import CHECK_AFTER_STEPS, LoaderWatch
 
 
@@ -40,44 +39,62 @@ def test_the_usable_cores_are_the_affinity_capped_by_the_containers_cpu_quota(tm
     assert hardware.usable_cores(tmp_path) == (cores or len(os.sched_getaffinity(0)))
 
 
-def timed(seconds: float, busy: bool, count: int = CHECK_AFTER_STEPS + 5):
-    """Batches that each take `seconds` to come: computed (busy) or waited for (storage)."""
+class Clock:
+    """The wall and thread CPU clocks that loader_watch reads, moved by the batches below: the tests do not
+    depend on how much of a core a loaded machine lends them."""
+
+    def __init__(self):
+        self.wall = self.cpu = 0.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(loader_watch, "time", clock)
+    return clock
+
+
+def timed(clock: Clock, seconds: float, busy: bool, count: int = CHECK_AFTER_STEPS + 5):
+    """Batches that each take `seconds` to come: computed by the loop's thread (busy) or waited for (storage)."""
     for index in range(count):
-        started = time.perf_counter()
-        while busy and time.perf_counter() - started < seconds:
-            pass
-        if not busy:
-            time.sleep(seconds)
+        clock.wall += seconds
+        clock.cpu += seconds if busy else 0.0
         yield index
 
 
-def test_a_loader_that_waits_on_storage_is_named_once_with_the_flag_to_raise(caplog):
+def test_a_loader_that_waits_on_storage_is_named_once_with_the_flag_to_raise(caplog, clock):
     watch = LoaderWatch(workers=0, loader_cores=0, is_main=True)
 
     with caplog.at_level(logging.WARNING):
         for _ in range(2):  # two epochs: said once
-            assert list(watch.batches(timed(0.01, busy=False))) == list(range(CHECK_AFTER_STEPS + 5))
+            assert list(watch.batches(timed(clock, 0.01, busy=False))) == list(range(CHECK_AFTER_STEPS + 5))
 
     [hint] = [record.getMessage() for record in caplog.records]
     assert "waits for its data" in hint and "on storage" in hint and "try --workers 4" in hint
     assert watch.data_wait > 0.9
 
 
-def test_a_gpu_process_whose_loader_computes_is_told_the_free_cores(caplog):
+def test_a_gpu_process_whose_loader_computes_is_told_the_free_cores(caplog, clock):
     watch = LoaderWatch(workers=2, loader_cores=7, is_main=True)
 
     with caplog.at_level(logging.WARNING):
-        list(watch.batches(timed(0.005, busy=True)))
+        list(watch.batches(timed(clock, 0.005, busy=True)))
 
     [hint] = [record.getMessage() for record in caplog.records]
     assert "with --workers 2 (7 cores are free for them): try --workers 7" in hint
 
 
-def test_a_loader_that_computes_on_a_cpu_run_has_no_cores_to_spare_and_says_nothing(caplog):
+def test_a_loader_that_computes_on_a_cpu_run_has_no_cores_to_spare_and_says_nothing(caplog, clock):
     watch = LoaderWatch(workers=0, loader_cores=0, is_main=True)  # the training's threads use every core
 
     with caplog.at_level(logging.WARNING):
-        list(watch.batches(timed(0.005, busy=True)))
+        list(watch.batches(timed(clock, 0.005, busy=True)))
 
     assert caplog.records == []
     assert watch.data_wait > 0.9
