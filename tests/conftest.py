@@ -91,3 +91,10 @@ def cluster():
     import slurm_cluster
 
     yield from slurm_cluster.started()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The baked projects' own suites first: they are the longest tests, and started last they would keep one of
+    the two test processes busy long after the other ran out of work."""
+    items.sort(key=lambda item: item.originalname != "test_a_baked_projects_own_test_suite_passes")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCH_CASES, RECOMMENDED_CASES, tool_env
 
-pytestmark = pytest.mark.slow
+# One SLURM cluster a session, so all of its tests run in the same test process.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 SBATCH = "slurm/train.sbatch"
 TRAIN_SIZE, VAL_SIZE = 1437, 360  # the sample digits archive
