@@ -174,10 +174,18 @@ def test_two_machines_on_loopback_train_as_one_job(bake, tmp_path, answers):
 def test_a_baked_projects_own_test_suite_passes(bake, framework):
     project = bake(framework=framework)
 
-    result = run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, timeout=600)
+    # -v: a test that hangs is named by the last line before the timeout (beside the template's own tests each
+    # takes up to twice as long as alone).
+    try:
+        result = run(["python", "-m", "pytest", "-v", "-p", "no:cacheprovider"], project, timeout=1200)
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(
+            f"the suite ran past {timeout.timeout} s:\n{(timeout.stdout or b'')[-5000:].decode(errors='replace')}"
+        )
 
     assert result.returncode == 0, result.stdout[-5000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
+    summary = result.stdout.splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary
 
 
 def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_path):
