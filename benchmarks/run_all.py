@@ -236,10 +236,10 @@ def write_results(
         "",
     ]
     if "suite_s" in baking:
-        ok = baking["suite_s"] < 20 * 60 and baking["suite_status"] == 0
+        ok = baking["suite_s"] < 28 * 60 and baking["suite_status"] == 0  # CI has 30 minutes, its set-up included
         lines.append(
             f"The whole test command (`make test`, this machine): {baking['suite_s'] / 60:.1f} min, "
-            f"`{baking['suite_summary']}` (status {baking['suite_status']}) {mark(ok)} (bar: well under 20 min)."
+            f"`{baking['suite_summary']}` (status {baking['suite_status']}) {mark(ok)} (bar: under 28 min, CI's 30 less its set-up)."
         )
     lines += [
         "",
