@@ -17,6 +17,7 @@ project, EPOCHS, seconds_file, framework = sys.argv[1], int(sys.argv[2]), sys.ar
 sys.path.insert(0, project)
 from dist_train import cli, distributed, engine, loaders  # noqa: E402
 from dist_train.data import build_datasets  # noqa: E402
+from dist_train.loader_watch import LoaderWatch  # noqa: E402
 from dist_train.model import build_model, build_optimizer  # noqa: E402
 from dist_train.preemption import StopRequest  # noqa: E402
 from dist_train.state import EpochProgress  # noqa: E402
@@ -28,15 +29,18 @@ env = distributed.setup("cpu", 600)
 train_set, val_set, num_classes = build_datasets(args)
 train_loader, val_loader = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
 model = distributed.wrap_model(build_model(num_classes), env)
-optimizer = distributed.wrap_optimizer(build_optimizer(model, args.lr))
-scaler = engine.grad_scaler(False)
+optimizer = distributed.wrap_optimizer(build_optimizer(model, cli.DEFAULT_LR))
+scaler = engine.grad_scaler(None)  # full precision, as on CPUs
+watch = LoaderWatch.of(train_loader, env)  # as training.py times every batch
 plain_train, plain_val = reference.plain_loaders(train_set, val_set, args.batch_size, args.seed)
 
 
 def baked_epoch(epoch: int) -> None:
     # A fresh stop request: its votes would otherwise count the plain loop's epochs as its own steps.
-    engine.train_one_epoch(model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest())
-    engine.evaluate(model, val_loader, env, use_amp=False)
+    engine.train_one_epoch(
+        model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), watch=watch
+    )
+    engine.evaluate(model, val_loader, env)
 
 
 def plain_epoch(epoch: int) -> None:
