@@ -5,6 +5,7 @@ variables its platform injects (host names included). The fast tier asks run.sh 
 (DRY_RUN=1); the slow tier trains and checks that the machines made one job of the right world size.
 """
 
+import fcntl
 import json
 import shutil
 import socket
@@ -171,6 +172,26 @@ def test_every_launcher_of_a_one_machine_project_says_what_it_found(bake, answer
         f"platform: none (this machine alone); machine 0 of 1; 2 processes per machine; master 127.0.0.1, "
         f"a free port; outputs in {project / 'output'}"
     )
+
+
+@pytest.mark.parametrize("answers", ALL_LAUNCHERS, ids=ids)
+def test_every_launcher_refuses_a_folder_that_a_running_job_holds_in_one_line(bake, answers):
+    project = bake(dataset="synthetic", **answers)
+    output = project / "output"
+    output.mkdir()
+    with open(output / ".job.lock", "w") as held:  # as a running job's rank 0 holds the folder it trains in
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("host gpu-7, process 4242")
+        held.flush()
+
+        result = dry_run(project, NPROC_PER_NODE="2", JOB_LOCK_WAIT="0")
+
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: output folder {output} is in use by another job (host gpu-7, process 4242): wait for it to end or "
+        "stop it, or give this job another --output-dir"
+    ]
+    assert [path.name for path in output.iterdir()] == [".job.lock"]
 
 
 @pytest.mark.parametrize(
