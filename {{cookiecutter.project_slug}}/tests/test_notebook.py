@@ -4,6 +4,7 @@ A "notebook function" here is source exec'd in a namespace named __main__, as a 
 function is: no module holds it, so a spawned process could not unpickle it.
 """
 
+import fcntl
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, inference, notebook, settings, workspace
+from {{ cookiecutter.project_slug }} import cli, folder_lock, inference, notebook, settings, workspace
 from {{ cookiecutter.project_slug }}.data import build_datasets
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -176,6 +177,25 @@ def test_a_notebook_function_is_refused_in_one_line_where_fork_cannot_work(monke
     assert "\n" not in message
     assert "CUDA is initialised in this kernel" in message
     assert "Move report_rank() into a .py file" in message
+
+
+def test_launch_on_a_folder_that_a_running_job_holds_stops_in_one_line_and_writes_nothing(
+    tmp_path, data_args, monkeypatch
+):
+    output = tmp_path / "output"
+    output.mkdir()
+    monkeypatch.setenv(folder_lock.WAIT_VARIABLE, "1")  # not a job that is only stopping: refused after 1 s
+    with open(output / folder_lock.LOCK_NAME, "w") as held:  # as run.sh's rank 0 holds the folder it trains in
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("host gpu-7, process 4242")
+        held.flush()
+
+        with pytest.raises(notebook.RankFailed) as refusal:
+            notebook.launch(training_args(output, data_args), nproc=2)
+
+    assert str(refusal.value).startswith(f"output folder {output} is in use by another job (host gpu-7, process 4242)")
+    assert "\n" not in str(refusal.value)
+    assert [path.name for path in output.iterdir()] == [folder_lock.LOCK_NAME]
 
 
 def test_run_py_training_starts_with_spawn_where_fork_cannot_work(monkeypatch, tmp_path, data_args):
