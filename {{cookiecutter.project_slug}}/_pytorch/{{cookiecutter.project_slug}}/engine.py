@@ -148,7 +148,9 @@ def configure_kernels(deterministic: bool) -> None:
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # warn_only: an operation with no deterministic GPU kernel (the sample model's AdaptiveAvgPool2d backward)
-    # runs anyway, and PyTorch warns once naming it, instead of stopping the run at its first step.
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # runs anyway, and PyTorch warns once naming it, instead of stopping the run at its first step. Called only
+    # to change the setting: the call imports torch._inductor, over a second of every run's start.
+    if deterministic != torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
     torch.backends.cudnn.benchmark = not deterministic
     torch.backends.cudnn.deterministic = deterministic
