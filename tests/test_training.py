@@ -183,9 +183,16 @@ def test_a_baked_projects_own_test_suite_passes(bake, framework):
             f"the suite ran past {timeout.timeout} s:\n{(timeout.stdout or b'')[-5000:].decode(errors='replace')}"
         )
 
-    assert result.returncode == 0, result.stdout[-5000:]
+    assert result.returncode == 0, what_failed(result.stdout)
     summary = result.stdout.splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary
+
+
+def what_failed(pytest_output: str) -> str:
+    """The failures pytest reported and its last lines: the tail alone can be all durations."""
+    starts = [index for index in (pytest_output.find("= ERRORS ="), pytest_output.find("= FAILURES =")) if index >= 0]
+    failures = pytest_output[min(starts) :][:8000] if starts else ""
+    return f"{failures}\n...\n{pytest_output[-2000:]}"
 
 
 def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_path):
