@@ -7,6 +7,7 @@ function is: no module holds it, so a spawned process could not unpickle it.
 import fcntl
 import json
 import logging
+import multiprocessing.context
 import os
 import signal
 import subprocess
@@ -305,3 +306,20 @@ def test_the_stop_button_stops_every_rank_with_sigterm_and_leaves_no_process(tmp
     assert "interrupted" in out, err
     assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists(), err  # each rank had its SIGTERM
     assert not any(alive(pid) for pid in ranks), err
+
+
+def test_the_stop_button_pressed_while_ranks_are_starting_leaves_no_process(tmp_path, monkeypatch):
+    start = multiprocessing.context.ForkProcess.start
+
+    def start_then_press_stop(process):  # the press lands just after the last rank is forked
+        start(process)
+        if process.name == "rank1":
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", start_then_press_stop)
+    before = children()
+
+    with pytest.raises(KeyboardInterrupt):
+        notebook.launch(cpu_args(tmp_path), nproc=2, train=notebook_function("wait_for_the_stop"))
+
+    assert children() == before

@@ -123,13 +123,22 @@ class Ranks:
             raise error from None
 
     def start(self) -> None:
-        from . import distributed
-
         port = free_port()
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // self.nproc))
         forked = self.context.get_start_method() == "fork"
         sys.stdout.flush()
         sys.stderr.flush()
+        # The stop button held back until every rank is in self.processes: pressed between a fork and its
+        # append, it would leave that rank running. It lands when unblocked, and run() stops them all.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.start_ranks(port, threads, forked)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def start_ranks(self, port: int, threads: str, forked: bool) -> None:
+        from . import distributed
+
         for rank in range(self.nproc):
             variables = distributed.rank_environment(rank, rank, self.nproc, "127.0.0.1", port)
             variables["OMP_NUM_THREADS"] = threads
@@ -238,6 +247,7 @@ class Ranks:
 
 def _rank_main(rank: int, train, args, writer, kernel_pid: int, forked: bool) -> None:
     """One rank: report how train(args) ended through `writer`, then exit without the kernel's exit handlers."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held back in the kernel while it started ranks
     os.setpgid(0, 0)  # the stop button signals the kernel's group: the kernel stops the ranks itself
     die_with_parent(kernel_pid)  # a kernel restart ends its ranks too
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler the kernel had (paddle's, an earlier run's)
