@@ -118,3 +118,48 @@ def test_fleet_on_cpu_joins_only_the_global_group_where_each_new_gloo_group_coul
     assert sorted(line for line in logs.splitlines() if " joined " in line) == [
         f"rank {rank} joined [0]" for rank in range(4)
     ]
+
+
+STORE_RANK = """
+import os
+import socket
+
+from {{ cookiecutter.project_slug }} import distributed
+
+env = distributed.setup("cpu")
+store = os.environ.get("PADDLE_MASTER") or os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")[0]
+port, delays = int(store.rpartition(":")[2]), []
+for name in os.listdir("/proc/self/fd"):
+    try:
+        connection = socket.socket(fileno=os.dup(int(name)))
+    except OSError:
+        continue
+    with connection:
+        try:
+            ends = connection.getsockname()[1], connection.getpeername()[1]
+        except (OSError, IndexError, TypeError):
+            continue
+        if port in ends:
+            delays.append(connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0)
+print(f"rank {env.rank}: {len(delays)} store connection(s), {sum(delays)} with Nagle's delay", flush=True)
+distributed.barrier()
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_talks_to_the_rendezvous_store_without_nagles_delay(project_root, tmp_path):
+    """Each store call waited 44 ms for a delayed ACK; the project's waits make many of them at start-up."""
+    script = tmp_path / "store_rank.py"
+    script.write_text(STORE_RANK, encoding="utf-8")
+    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+
+    result = subprocess.run(
+        [*launch, "--log_dir", str(tmp_path / "logs"), str(script)],
+        cwd=project_root, env=dict(os.environ, PYTHONPATH=str(project_root)), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    logs = "".join(path.read_text(encoding="utf-8") for path in sorted((tmp_path / "logs").glob("workerlog.*")))
+    assert result.returncode == 0, logs[-3000:]
+    lines = [line for line in logs.splitlines() if "store connection" in line]
+    assert len(lines) == 2, logs[-3000:]
+    assert all(line.endswith(", 0 with Nagle's delay") and ": 0 store" not in line for line in lines), lines

@@ -129,20 +129,37 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         os.environ["PADDLE_PG_TIMEOUT"] = str(int(timeout_s * 1000))  # NCCL collectives; gloo keeps _GLOO_LIMIT_S
         global _wait_limit_s
         _wait_limit_s = timeout_s
+        store = os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
         if rank > 0:
-            _wait_for_the_store(timeout_s)
+            _wait_for_the_store(store, timeout_s)
         with _without_flag_table():
             dist.init_parallel_env()
+        _store_without_nagle(store)
     # launch and fleetrun set PADDLE_LOCAL_SIZE; spawn starts the processes of one machine.
     return DistEnv(rank, local_rank, world_size, this_device, int(os.environ.get("PADDLE_LOCAL_SIZE", world_size)))
 
 
-def _wait_for_the_store(timeout_s: float) -> None:
+def _store_without_nagle(endpoint: str) -> None:
+    """TCP_NODELAY on this process's connections to (and, on rank 0, from) the rendezvous store.
+
+    Paddle's store sends a request in pieces: with Nagle's algorithm each call waited for a delayed ACK,
+    44 ms per call here (0.1 ms without), and the store's waits made start-up 0.7 s longer.
+    """
+    port = int(endpoint.rpartition(":")[2] or 0)
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # not connected (a listening socket), or closed meanwhile
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                with socket.socket(fileno=os.dup(int(name))) as connection:
+                    tcp = connection.family in (socket.AF_INET, socket.AF_INET6) and connection.type == socket.SOCK_STREAM
+                    if tcp and port in (connection.getsockname()[1], connection.getpeername()[1]):
+                        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _wait_for_the_store(endpoint: str, timeout_s: float) -> None:
     """Return once rank 0's rendezvous store listens (or at the timeout: joining then says what is wrong).
 
     Paddle's own client tries again only every 3 s: a rank that starts before rank 0 would lose them.
     """
-    endpoint = os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
     if ":" not in endpoint:  # nowhere to look: paddle's own client will say what is missing
         return
     host, port = endpoint.rsplit(":", 1)
