@@ -111,7 +111,8 @@ def measure(work: Path, epochs: int, repeats: int) -> dict:
     starts = {name: [] for name, _, _ in CONFIGS}
     startup_extra = {name: [] for name, _, _ in CONFIGS}
     paired_reference = {name: [] for name, _, _ in CONFIGS}  # the reference's starts beside this configuration's
-    for repeat in range(STARTUP_PAIRS_PER_REPEAT * repeats):
+    pairs = STARTUP_PAIRS_PER_REPEAT * repeats
+    for repeat in range(pairs):
         for name, framework, answers in CONFIGS:
             if answers is None:
                 continue
@@ -119,7 +120,7 @@ def measure(work: Path, epochs: int, repeats: int) -> dict:
             pair = [(reference, None), (name, answers)]
             seen = {}
             for who, who_answers in pair if repeat % 2 else reversed(pair):
-                print(f"[start-up] repeat {repeat + 1}/{repeats}: {who}", flush=True)
+                print(f"[start-up] pair {repeat + 1}/{pairs}: {who}", flush=True)
                 watched, _ = run_config(projects[who], framework, who_answers, 1, work / "runs" / who, log_every=1)
                 seen[who] = watched.seen_at
                 starts[who].append(watched.seen_at)
