@@ -274,7 +274,10 @@ def test_each_notebook_run_gets_a_fresh_output_folder(tmp_path):
 
 
 STOP_SCRIPT = """
+import signal
 import sys
+# As a Jupyter kernel does: a process started in the background by a shell inherits SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, sys.argv[2])
 from {{ cookiecutter.project_slug }} import notebook
 namespace = {"__name__": "__main__"}
@@ -319,7 +322,11 @@ def test_the_stop_button_pressed_while_ranks_are_starting_leaves_no_process(tmp_
     monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", start_then_press_stop)
     before = children()
 
-    with pytest.raises(KeyboardInterrupt):
-        notebook.launch(cpu_args(tmp_path), nproc=2, train=notebook_function("wait_for_the_stop"))
+    kernels_handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the stop-button test
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook.launch(cpu_args(tmp_path), nproc=2, train=notebook_function("wait_for_the_stop"))
+    finally:
+        signal.signal(signal.SIGINT, kernels_handler)
 
     assert children() == before
