@@ -85,6 +85,19 @@ def test_run_py_spawns_its_processes_only_when_no_launcher_did(clean_env, launch
     assert ran_here == ([] if spawns else [args])
 
 
+def launch_ranks(script_text: str, nproc: int, project_root, tmp_path) -> tuple[int, str]:
+    """Run `script_text` as `nproc` ranks under paddle's launcher: its exit status, and every worker's log."""
+    script = tmp_path / "rank.py"
+    script.write_text(script_text, encoding="utf-8")
+    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc)]
+    result = subprocess.run(
+        [*launch, "--log_dir", str(tmp_path / "logs"), str(script)],
+        cwd=project_root, env=dict(os.environ, PYTHONPATH=str(project_root)), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    logs = "".join(path.read_text(encoding="utf-8") for path in sorted((tmp_path / "logs").glob("workerlog.*")))
+    return result.returncode, logs
+
+
 FLEET_RANK = """
 import paddle
 from paddle.distributed import collective
@@ -104,17 +117,9 @@ def test_fleet_on_cpu_joins_only_the_global_group_where_each_new_gloo_group_coul
     project_root, tmp_path
 ):
     """Four ranks: fleet.init() makes its data-parallel groups, which paddle's gloo may wire to a stale address."""
-    script = tmp_path / "fleet_rank.py"
-    script.write_text(FLEET_RANK, encoding="utf-8")
-    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "4"]
+    returncode, logs = launch_ranks(FLEET_RANK, 4, project_root, tmp_path)
 
-    result = subprocess.run(
-        [*launch, "--log_dir", str(tmp_path / "logs"), str(script)],
-        cwd=project_root, env=dict(os.environ, PYTHONPATH=str(project_root)), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-
-    logs = "".join(path.read_text(encoding="utf-8") for path in sorted((tmp_path / "logs").glob("workerlog.*")))
-    assert result.returncode == 0, logs[-3000:]
+    assert returncode == 0, logs[-3000:]
     assert sorted(line for line in logs.splitlines() if " joined " in line) == [
         f"rank {rank} joined [0]" for rank in range(4)
     ]
@@ -149,17 +154,9 @@ distributed.barrier()
 @pytest.mark.slow
 def test_every_rank_talks_to_the_rendezvous_store_without_nagles_delay(project_root, tmp_path):
     """Each store call waited 44 ms for a delayed ACK; the project's waits make many of them at start-up."""
-    script = tmp_path / "store_rank.py"
-    script.write_text(STORE_RANK, encoding="utf-8")
-    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+    returncode, logs = launch_ranks(STORE_RANK, 2, project_root, tmp_path)
 
-    result = subprocess.run(
-        [*launch, "--log_dir", str(tmp_path / "logs"), str(script)],
-        cwd=project_root, env=dict(os.environ, PYTHONPATH=str(project_root)), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-
-    logs = "".join(path.read_text(encoding="utf-8") for path in sorted((tmp_path / "logs").glob("workerlog.*")))
-    assert result.returncode == 0, logs[-3000:]
+    assert returncode == 0, logs[-3000:]
     lines = [line for line in logs.splitlines() if "store connection" in line]
     assert len(lines) == 2, logs[-3000:]
     assert all(line.endswith(", 0 with Nagle's delay") and ": 0 store" not in line for line in lines), lines
