@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from .errors import STOPPED_STATUS
+
 
 def main() -> None:
     # While the machines gather, paddle logs each poll of the master (two a second) at INFO level.
@@ -22,13 +24,24 @@ def main() -> None:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
         threading.Thread(target=_give_up_unless_started, args=(first_log, join_timeout), daemon=True).start()
     from paddle.distributed.launch.job.container import Container
+    from paddle.distributed.launch.job.pod import Pod
     from paddle.distributed.launch.main import launch
 
     # When a process fails, paddle prints the tail of its log. Process 0's log is on the console already: its
     # error line would show twice.
     tail = Container.tail
     Container.tail = lambda container, length=3000: None if container.rank == 0 else tail(container, length)
+    # paddle ends with the status of the first worker, in rank order, that did not end with 0: often one that it
+    # stopped itself after another had failed (-15, which the shell sees as 241), where the failure's own is wanted.
+    Pod.exit_code = property(_job_status)
     launch()
+
+
+def _job_status(pod) -> int:
+    """The status of a worker that failed on its own (the first, in rank order); else paddle's."""
+    statuses = [container.exit_code for container in pod.containers]
+    own_failures = [status for status in statuses if status > 0 and status != STOPPED_STATUS]
+    return next(iter(own_failures), next((status for status in statuses if status != 0), 0))
 
 
 def _give_up_unless_started(first_log: Path, join_timeout: float) -> None:
