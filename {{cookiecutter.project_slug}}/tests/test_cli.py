@@ -1,6 +1,8 @@
 """Flags: where the data comes from, and defaults that do not depend on the working folder."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,4 +54,21 @@ def test_impossible_numbers_are_refused_before_anything_starts(flag, value, caps
         cli.parse_args([flag, value])
 
     assert stop.value.code == 2
-    assert flag in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: argument {flag}: must be {'0 or more' if flag == '--workers' else 'at least 1'}, got {value} "
+        "(run.py --help lists the flags)"
+    ]
+
+
+def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(project_root, tmp_path):
+    result = subprocess.run(
+        ["bash", "run.sh", "--learning-rate", "0.1", "--output-dir", str(tmp_path / "out")],
+        cwd=project_root, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert result.returncode == 2
+    assert (result.stdout + result.stderr).splitlines() == [
+        "error: unrecognized arguments: --learning-rate 0.1 (run.py --help lists the flags)"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -35,8 +35,15 @@ def fraction(text: str) -> float:
     return value
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag ends in one `error:` line, as every other bad input does, not under argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Train on one process, or many with a launcher (see run.sh).")
+    parser = OneLineParser(prog="run.py", description="Train on one process, or many with a launcher (see run.sh).")
     parser.add_argument(
         "--epochs", type=positive_int, default=10, help="epochs in total; a resumed run continues up to this"
     )
@@ -192,14 +199,15 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     try:
         resolve_data_paths(args, quiet)
     except PlatformError as error:
-        parser.error(str(error))
+        parser.exit(2, f"error: {error}\n")
     if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args
 
 
 def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
+        prog="predict.py",
         description="Predict the class of every image in a folder or an archive, into a CSV file (see predict.sh)."
     )
     parser.add_argument(

@@ -157,4 +157,4 @@ def parse(argv: list[str] | str):
             return cli.parse_args(argv)
     except SystemExit:
         lines = captured.getvalue().strip().splitlines() or ["bad arguments"]
-        raise UserError(f"{lines[-1].split('error: ', 1)[-1]} (run.py --help lists the arguments)") from None
+        raise UserError(lines[-1].removeprefix("error: ")) from None

@@ -338,7 +338,6 @@ def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
 
 def main(argv: list[str]) -> None:
     script = os.environ.get("RUN_SCRIPT", "run.py")
-    sys.argv[0] = script  # whose flags these are, in argparse's messages
     # A bad flag stops here, before any process starts.
     if script == "predict.py":
         args = cli.parse_predict_args(argv)
