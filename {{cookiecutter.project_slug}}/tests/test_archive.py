@@ -2,10 +2,12 @@
 
 import errno
 import io
+import logging
 import multiprocessing
 import shutil
 import stat
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -324,6 +326,38 @@ def test_waiting_for_another_extraction_gives_up_with_one_line_after_the_timeout
 
     assert str(target / archive.LOCK) in str(error.value) and "\n" not in str(error.value)
     assert files_under(target) == {}
+
+
+def test_a_wait_for_another_processs_extraction_is_said_on_the_console_and_then_extracts(
+    tmp_path, monkeypatch, caplog
+):
+    source = write_zip(tmp_path / "data.zip", LAYOUT)
+    target = tmp_path / "data"
+    target.mkdir()
+    monkeypatch.setattr(archive, "QUIET_WAIT_S", 0.2)
+    other = FileLock(target / archive.LOCK, thread_local=False)  # released by the timer thread
+    other.acquire()  # another rank of this machine, whose log is a file, took the lock first to extract
+    releasing = threading.Timer(1.0, other.release)
+    releasing.start()
+
+    with caplog.at_level(logging.INFO, logger=archive.log.name):
+        extracted = extract(source, target, lock_timeout=30)
+    releasing.join()
+
+    assert extracted
+    assert files_under(target) == LAYOUT
+    assert [record.getMessage() for record in caplog.records if "waiting" in record.getMessage()] == [
+        f"waiting for another process, which is extracting {source} into {target}"
+    ]
+
+
+def test_an_extraction_without_a_wait_says_nothing_of_waiting(tmp_path, caplog):
+    source = write_zip(tmp_path / "data.zip", LAYOUT)
+
+    with caplog.at_level(logging.INFO, logger=archive.log.name):
+        extract(source, tmp_path / "data")
+
+    assert not [record for record in caplog.records if "waiting" in record.getMessage()]
 
 
 def test_a_full_disk_during_extraction_says_so_and_leaves_no_partial_dataset(tmp_path, monkeypatch):

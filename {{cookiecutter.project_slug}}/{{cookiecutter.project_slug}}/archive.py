@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 DONE_MARKER = ".extracted"
 STAGING = ".partial"
 LOCK = ".lock"
+QUIET_WAIT_S = 5.0  # a wait for another process's extraction shorter than this is not worth a line
 # What file managers and archivers add beside the data: never extracted, never read as images.
 JUNK_FOLDERS = {"__macosx"}
 JUNK_FILES = {".ds_store", "thumbs.db", "desktop.ini"}
@@ -55,15 +56,30 @@ def ensure_extracted(
             f"dataset archive {archive} not found: pass --dataset-zip PATH, or --data-dir with the unpacked data"
         )
     target.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(target / LOCK)
+    _wait_for(lock, archive, target, lock_timeout)
     try:
-        with FileLock(target / LOCK, timeout=lock_timeout):
-            if already_extracted(archive, target):  # another process finished while we waited
-                return False
-            _extract_once(archive, target, max_bytes, show_progress)
-            return True
+        if already_extracted(archive, target):  # another process finished while we waited
+            return False
+        _extract_once(archive, target, max_bytes, show_progress)
+        return True
+    finally:
+        lock.release()
+
+
+def _wait_for(lock: FileLock, archive: Path, target: Path, timeout: float) -> None:
+    """Take the extraction lock. A longer wait is said: the rank that extracts may be one whose log is a file,
+    and rank 0's console would otherwise stay silent for as long as a large archive takes."""
+    try:
+        lock.acquire(timeout=min(QUIET_WAIT_S, timeout))
+        return
+    except Timeout:
+        log.info("waiting for another process, which is extracting %s into %s", archive, target)
+    try:
+        lock.acquire(timeout=max(timeout - QUIET_WAIT_S, 0))
     except Timeout:
         raise UserError(
-            f"waited {lock_timeout:.0f} s for another process to extract {archive} into {target}: "
+            f"waited {timeout:.0f} s for another process to extract {archive} into {target}: "
             f"if none is running, delete {target / LOCK} and start again"
         ) from None
 
