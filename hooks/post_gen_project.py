@@ -38,8 +38,9 @@ def remove_paddle_variants() -> None:
 
 
 def remove_launcher_module(package: str) -> None:
-    """spawn: run.py starts its own processes, no launcher to wrap."""
+    """spawn: run.py starts its own processes, no launcher to wrap (nor to test)."""
     Path(package, "launcher.py").unlink()
+    Path("tests", "test_launcher.py").unlink(missing_ok=True)
 
 
 def unpack_sample_archive() -> None:

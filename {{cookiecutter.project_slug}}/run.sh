@@ -32,7 +32,7 @@ PYTHON=$(command -v python3 || command -v python) || {
 # The platform's word and the variables above give NNODES, NODE_RANK (unset where the master numbers the
 # machines), NPROC_PER_NODE, MASTER_ADDR (an IP address: a host name is resolved, and waited for),
 # MASTER_PORT (unset: a free one), OUTPUT_DIR (run.py's output folder, decided where run.py decides it)
-# and the line `found`; or one error line, and exit status 1. A bad argument stops here too.
+# and the line `found`; or one error line, and exit status 1 (2 for a bad argument, which stops here too).
 found=""
 layout=$("$PYTHON" -m {{ cookiecutter.project_slug }}.platforms "$@") || exit
 eval "$layout"

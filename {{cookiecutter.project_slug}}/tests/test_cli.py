@@ -47,17 +47,22 @@ def test_default_paths_do_not_depend_on_the_working_folder(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize(
-    "flag, value", [("--workers", "-1"), ("--epochs", "0"), ("--batch-size", "0"), ("--grad-accum", "0")]
+    "flag, value, must",
+    [
+        ("--workers", "-1", "must be 0 or more, got -1"),
+        ("--epochs", "0", "must be at least 1, got 0"),
+        ("--batch-size", "0", "must be at least 1, got 0"),
+        ("--grad-accum", "0", "must be at least 1, got 0"),
+        ("--dist-timeout", "-1", "must be a number of seconds above 0, got -1"),
+        ("--extract-timeout", "nan", "must be a number of seconds above 0, got nan"),
+    ],
 )
-def test_impossible_numbers_are_refused_before_anything_starts(flag, value, capsys):
+def test_impossible_numbers_are_refused_before_anything_starts(flag, value, must, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.parse_args([flag, value])
 
     assert stop.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"error: argument {flag}: must be {'0 or more' if flag == '--workers' else 'at least 1'}, got {value} "
-        "(run.py --help lists the flags)"
-    ]
+    assert capsys.readouterr().err.splitlines() == [f"error: argument {flag}: {must} (run.py --help lists the flags)"]
 
 
 def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(project_root, tmp_path):

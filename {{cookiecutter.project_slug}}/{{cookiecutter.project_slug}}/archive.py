@@ -57,7 +57,7 @@ def ensure_extracted(
         )
     target.mkdir(parents=True, exist_ok=True)
     lock = FileLock(target / LOCK)
-    _wait_for(lock, archive, target, lock_timeout)
+    _take_extraction_lock(lock, archive, target, lock_timeout)
     try:
         if already_extracted(archive, target):  # another process finished while we waited
             return False
@@ -67,16 +67,19 @@ def ensure_extracted(
         lock.release()
 
 
-def _wait_for(lock: FileLock, archive: Path, target: Path, timeout: float) -> None:
-    """Take the extraction lock. A longer wait is said: the rank that extracts may be one whose log is a file,
-    and rank 0's console would otherwise stay silent for as long as a large archive takes."""
+def _take_extraction_lock(lock: FileLock, archive: Path, target: Path, timeout: float) -> None:
+    """A longer wait for the lock is said: the rank that extracts may be one whose log is a file, and rank 0's
+    console would otherwise stay silent for as long as a large archive takes."""
+    rest = timeout
+    if timeout > QUIET_WAIT_S:
+        try:
+            lock.acquire(timeout=QUIET_WAIT_S)
+            return
+        except Timeout:
+            log.info("waiting for another process, which is extracting %s into %s", archive, target)
+        rest = timeout - QUIET_WAIT_S
     try:
-        lock.acquire(timeout=min(QUIET_WAIT_S, timeout))
-        return
-    except Timeout:
-        log.info("waiting for another process, which is extracting %s into %s", archive, target)
-    try:
-        lock.acquire(timeout=max(timeout - QUIET_WAIT_S, 0))
+        lock.acquire(timeout=rest)
     except Timeout:
         raise UserError(
             f"waited {timeout:.0f} s for another process to extract {archive} into {target}: "

@@ -1,8 +1,10 @@
 """Command-line flags of run.py and predict.py; the same for every framework and launcher."""
 
 import argparse
+import math
 import os
 from pathlib import Path
+from typing import NoReturn
 
 from . import workspace
 from .errors import PlatformError
@@ -28,6 +30,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:  # nan and inf too: the waits hand it to the framework and to the file lock
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
 def fraction(text: str) -> float:
     value = float(text)
     if not 0 < value < 1:
@@ -38,7 +47,7 @@ def fraction(text: str) -> float:
 class OneLineParser(argparse.ArgumentParser):
     """A bad flag ends in one `error:` line, as every other bad input does, not under argparse's usage block."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
 
 
@@ -173,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--extract-timeout",
-        type=float,
+        type=positive_seconds,
         default=3600.0,
         help="seconds to wait for another process (or machine, on a shared filesystem) that is extracting the archive",
     )
@@ -246,7 +255,7 @@ def add_process_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dist-timeout",
-        type=float,
+        type=positive_seconds,
         default=1800.0,
         help="seconds a rank waits for its peers (start-up and each collective) before stopping with an error",
     )

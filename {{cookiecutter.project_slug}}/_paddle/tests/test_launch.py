@@ -2,11 +2,9 @@
 
 import argparse
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
+from launching import launch_ranks
 
 from {{ cookiecutter.project_slug }} import distributed
 
@@ -85,22 +83,6 @@ def test_run_py_spawns_its_processes_only_when_no_launcher_did(clean_env, launch
     assert ran_here == ([] if spawns else [args])
 
 
-def launch_ranks(
-    script_text: str, nproc: int, project_root, tmp_path, launcher: str = "paddle.distributed.launch"
-) -> tuple[int, str]:
-    """Run `script_text` as `nproc` ranks under paddle's launcher (or the project's, which run.sh starts): its exit
-    status, and every worker's log."""
-    script = tmp_path / "rank.py"
-    script.write_text(script_text, encoding="utf-8")
-    launch = [sys.executable, "-m", launcher, "--nproc_per_node", str(nproc)]
-    result = subprocess.run(
-        [*launch, "--log_dir", str(tmp_path / "logs"), str(script)],
-        cwd=project_root, env=dict(os.environ, PYTHONPATH=str(project_root)), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    logs = "".join(path.read_text(encoding="utf-8") for path in sorted((tmp_path / "logs").glob("workerlog.*")))
-    return result.returncode, logs
-
-
 FLEET_RANK = """
 import paddle
 from paddle.distributed import collective
@@ -164,25 +146,3 @@ def test_every_rank_talks_to_the_rendezvous_store_without_nagles_delay(project_r
     assert len(lines) == 2, logs[-3000:]
     assert all(line.endswith(", 0 with Nagle's delay") and ": 0 store" not in line for line in lines), lines
 
-
-FAILING_RANK = """
-import os
-import sys
-import time
-
-if os.environ["PADDLE_TRAINER_ID"] == "1":
-    sys.exit(1)
-time.sleep(120)  # rank 0 is still at work when rank 1 fails: the launcher stops it with SIGTERM
-"""
-
-
-@pytest.mark.slow
-def test_a_job_where_one_worker_fails_ends_with_that_workers_status_not_the_one_the_launcher_stopped(
-    project_root, tmp_path
-):
-    """paddle's own launcher would end with rank 0's -15 (241): a user's `bash run.sh; echo $?` would see that."""
-    returncode, logs = launch_ranks(
-        FAILING_RANK, 2, project_root, tmp_path, launcher="{{ cookiecutter.project_slug }}.launcher"
-    )
-
-    assert returncode == 1, logs[-3000:]

@@ -4,16 +4,22 @@ run.sh starts it as `python -m <package>.launcher [launch flags] --log_dir DIR r
 The launcher runs in this very process, so signals reach it as they would reach the command.
 Once every machine has joined, it starts the workers, and the first one's log, DIR/workerlog.0,
 appears; if that has not happened JOIN_TIMEOUT seconds after the start, a machine is missing.
+A failed job ends with the status of the worker that failed, not of one that the launcher then stopped.
 """
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
 from .errors import STOPPED_STATUS
+
+# How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
+# after a save on SIGTERM. (A worker that the kernel's OOM killer ends looks the same.)
+STOPPED_BY_THE_LAUNCHER = (STOPPED_STATUS, -signal.SIGTERM, -signal.SIGKILL)
 
 
 def main() -> None:
@@ -33,15 +39,15 @@ def main() -> None:
     Container.tail = lambda container, length=3000: None if container.rank == 0 else tail(container, length)
     # paddle ends with the status of the first worker, in rank order, that did not end with 0: often one that it
     # stopped itself after another had failed (-15, which the shell sees as 241), where the failure's own is wanted.
-    Pod.exit_code = property(_job_status)
+    paddles_status = Pod.exit_code.fget
+    Pod.exit_code = property(lambda pod: _own_failure(pod) or paddles_status(pod))
     launch()
 
 
-def _job_status(pod) -> int:
-    """The status of a worker that failed on its own (the first, in rank order); else paddle's."""
-    statuses = [container.exit_code for container in pod.containers]
-    own_failures = [status for status in statuses if status > 0 and status != STOPPED_STATUS]
-    return next(iter(own_failures), next((status for status in statuses if status != 0), 0))
+def _own_failure(pod) -> int:
+    """The status of the first worker, in rank order, that failed on its own; 0 where none did."""
+    statuses = (container.exit_code for container in pod.containers)
+    return next((status for status in statuses if status not in (0, *STOPPED_BY_THE_LAUNCHER)), 0)
 
 
 def _give_up_unless_started(first_log: Path, join_timeout: float) -> None:
