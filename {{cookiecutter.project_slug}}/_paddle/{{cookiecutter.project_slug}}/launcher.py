@@ -19,7 +19,7 @@ from .errors import STOPPED_STATUS
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
 # after a save on SIGTERM. (A worker that the kernel's OOM killer ends looks the same.)
-STOPPED_BY_THE_LAUNCHER = (STOPPED_STATUS, -signal.SIGTERM, -signal.SIGKILL)
+_STOPPED_BY_THE_LAUNCHER = (STOPPED_STATUS, -signal.SIGTERM, -signal.SIGKILL)
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
 def _own_failure(pod) -> int:
     """The status of the first worker, in rank order, that failed on its own; 0 where none did."""
     statuses = (container.exit_code for container in pod.containers)
-    return next((status for status in statuses if status not in (0, *STOPPED_BY_THE_LAUNCHER)), 0)
+    return next((status for status in statuses if status not in (0, *_STOPPED_BY_THE_LAUNCHER)), 0)
 
 
 def _give_up_unless_started(first_log: Path, join_timeout: float) -> None:
