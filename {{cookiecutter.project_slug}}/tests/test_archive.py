@@ -328,9 +328,7 @@ def test_waiting_for_another_extraction_gives_up_with_one_line_after_the_timeout
     assert files_under(target) == {}
 
 
-def test_a_wait_for_another_process_extracting_is_said_on_the_console_and_then_extracts(
-    tmp_path, monkeypatch, caplog
-):
+def test_a_wait_for_another_process_extracting_is_said_on_the_console_and_then_extracts(tmp_path, monkeypatch, caplog):
     source = write_zip(tmp_path / "data.zip", LAYOUT)
     target = tmp_path / "data"
     target.mkdir()

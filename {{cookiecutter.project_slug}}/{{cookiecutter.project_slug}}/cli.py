@@ -217,7 +217,7 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
 def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(
         prog="predict.py",
-        description="Predict the class of every image in a folder or an archive, into a CSV file (see predict.sh)."
+        description="Predict the class of every image in a folder or an archive, into a CSV file (see predict.sh).",
     )
     parser.add_argument(
         "--checkpoint",

@@ -145,4 +145,3 @@ def test_every_rank_talks_to_the_rendezvous_store_without_nagles_delay(project_r
     lines = [line for line in logs.splitlines() if "store connection" in line]
     assert len(lines) == 2, logs[-3000:]
     assert all(line.endswith(", 0 with Nagle's delay") and ": 0 store" not in line for line in lines), lines
-

@@ -19,8 +19,6 @@ def test_a_job_where_one_worker_fails_ends_with_that_workers_status_not_the_one_
     project_root, tmp_path
 ):
     """paddle's own launcher would end with rank 0's -15 (241): a user's `bash run.sh; echo $?` would see that."""
-    returncode, logs = launch_ranks(
-        FAILING_RANK, 2, project_root, tmp_path, launcher="{{ cookiecutter.project_slug }}.launcher"
-    )
+    returncode, logs = launch_ranks(FAILING_RANK, 2, project_root, tmp_path, launcher="{{ cookiecutter.project_slug }}.launcher")
 
     assert returncode == 3, logs[-3000:]
