@@ -1,7 +1,9 @@
-"""Put the chosen framework's files in place and remove what the answers do not need.
+"""Put the chosen framework's and task's files in place and remove what the answers do not need.
 
 The template keeps each framework's Python files whole, under _pytorch/ and
-_paddle/; this hook moves one set into the project and deletes the rest.
+_paddle/, and each task's (model.py, data.py, task.py, its sample data and
+its own tests) under _tasks/<task>/; this hook moves one set of each into the
+project and deletes the rest.
 """
 
 import json
@@ -10,22 +12,46 @@ import zipfile
 from pathlib import Path
 
 FRAMEWORK_DIRS = ("_pytorch", "_paddle")
-SAMPLE_ARCHIVE = Path("data/digits.zip")
+TASKS_DIR = Path("_tasks")
+DATA_DIR = Path("data")
 PADDLE_VARIANTS = Path("variants")
+# Modules only image tasks use.
+IMAGE_MODULES = ("images.py",)
+
+
+def move_tree(source: Path, destination: Path) -> None:
+    """Every file under `source` to the same place under `destination` (over what is there)."""
+    for path in sorted(source.rglob("*")):
+        if path.is_file():
+            target = destination / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.replace(target)
 
 
 def use_framework_files(framework: str) -> None:
-    source = Path(f"_{framework}")
-    for path in sorted(source.rglob("*")):
-        if path.is_file():
-            destination = path.relative_to(source)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            path.replace(destination)
+    move_tree(Path(f"_{framework}"), Path("."))
 
 
 def remove_framework_dirs() -> None:
     for name in FRAMEWORK_DIRS:
         shutil.rmtree(name, ignore_errors=True)
+
+
+def use_task_files(task: str, framework: str, package: str) -> None:
+    """The task's model.py, data.py and task.py (the framework's) into the package, its sample data into data/,
+    its tests (if it has some of its own) into tests/."""
+    source = TASKS_DIR / task
+    move_tree(source / f"_{framework}", Path(package))
+    move_tree(source / "data", DATA_DIR)
+    if (source / "tests").is_dir():
+        move_tree(source / "tests", Path("tests"))
+    shutil.rmtree(TASKS_DIR)
+
+
+def remove_image_modules(package: str) -> None:
+    """Tasks that read no images (a table, texts): no image helpers."""
+    for name in IMAGE_MODULES:
+        Path(package, name).unlink()
 
 
 def use_paddle_variant(variant: str, destination: str) -> None:
@@ -45,18 +71,22 @@ def remove_launcher_module(package: str) -> None:
 
 def unpack_sample_archive() -> None:
     """dataset=folder: ship the sample data already unpacked, as such projects expect."""
-    with zipfile.ZipFile(SAMPLE_ARCHIVE) as archive:
-        archive.extractall(SAMPLE_ARCHIVE.with_suffix(""))
-    SAMPLE_ARCHIVE.unlink()
+    for sample in sorted(DATA_DIR.glob("*.zip")):
+        with zipfile.ZipFile(sample) as archive:
+            archive.extractall(sample.with_suffix(""))
+        sample.unlink()
 
 
 def remove_sample_data() -> None:
-    shutil.rmtree(SAMPLE_ARCHIVE.parent)
+    shutil.rmtree(DATA_DIR)
 
 
 def main(answers: dict) -> None:
     use_framework_files(answers["framework"])
     remove_framework_dirs()
+    use_task_files(answers["task"], answers["framework"], answers["project_slug"])
+    if answers["task"] in ("regression", "text"):
+        remove_image_modules(answers["project_slug"])
     if answers["launcher"] == "spawn":
         remove_launcher_module(answers["project_slug"])
     if answers["framework"] == "paddle":

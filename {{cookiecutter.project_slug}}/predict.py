@@ -1,12 +1,15 @@
-"""Predict the class of every image in a folder or an archive with a checkpoint of this project: a CSV to submit.
+"""Predict with a checkpoint of this project: every input of a file, a folder or an archive, in the task's form.
 
 python predict.py --checkpoint output/checkpoints/best.{{ "pt" if cookiecutter.framework == "pytorch" else "pdparams" }} --input test.zip --output submission.csv
-NPROC_PER_NODE=2 bash predict.sh ...    the same, on this machine's processes: each image is predicted once
+NPROC_PER_NODE=2 bash predict.sh ...    the same, on this machine's processes: each input is predicted once
+
+What an input is, a prediction, and the file written: data.build_predict_set() and task.py.
 """
 
 import shutil
 
-from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, submission
+from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, submission, task
+from {{ cookiecutter.project_slug }}.data import build_predict_set
 from {{ cookiecutter.project_slug }}.errors import explain_user_errors
 
 
@@ -15,29 +18,23 @@ def predict(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         log = logs.setup_logging(None, env.rank)
-        # One read of the checkpoint: the model, and the class names and how training read images.
+        # One read of the checkpoint: the model, and what predicting needs (class names, how inputs were read).
         model, description = inference.load_with_data(args.checkpoint, env.device)
-        root, extracted = submission.input_folder(args.input, args.archive_max_gb, env.local_rank)
-        names = submission.image_names(root)
+        source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank)
+        inputs, keys = build_predict_set(source, description)
 
+        # Whole batches dealt to the processes: each input's batch, so its prediction, is the same on any number.
+        loader = loaders.predict_loader(inputs, args.batch_size, args.workers, env)
         mine = []
-        batches = submission.my_batches(len(names), args.batch_size, env.rank, env.world_size)
-        # The loader cuts this process's images into the same batches: all but the very last batch are full.
-        paths = [root / names[index] for batch in batches for index in batch]
-        read = submission.image_reader(description)
-        loader = loaders.image_loader(paths, read, args.batch_size, args.workers, env)
-        for batch, images in zip(batches, logs.progress_bar(loader, env.is_main, "predict"), strict=True):
-            probabilities = inference.probabilities(model, images)
-            mine += [(index, int(p.argmax()), float(p.max())) for index, p in zip(batch, probabilities, strict=True)]
-        predictions = sorted(prediction for rank in distributed.all_gather_object(mine) for prediction in rank)
+        for number, batch in zip(loader.batch_sampler.numbers, logs.progress_bar(loader, env.is_main, "predict")):
+            mine += zip(loader.batch_sampler.indices(number), inference.predict(model, batch), strict=True)
+        gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
+        rows = [row for _, row in sorted(gathered, key=lambda part: part[0])]
 
         if env.is_main:
-            classes = description.get("classes")  # none in a bare state dict: the class indices then
-            labels = [classes[label] if classes else str(label) for _, label, _ in predictions]
-            chances = [chance for _, _, chance in predictions] if args.probabilities else None
-            submission.write(args.output, names, labels, chances, args.sample_submission)
-            log.info("predicted %d images of %s with %s: %s", len(names), args.input, args.checkpoint, args.output)
-        distributed.barrier()  # every process is done with the images
+            written = task.write_predictions(args.output, keys, rows, description, args)
+            log.info("predicted %d inputs of %s with %s: %s", len(keys), args.input, args.checkpoint, written)
+        distributed.barrier()  # every process is done with the inputs
         if extracted is not None and env.is_main:
             shutil.rmtree(extracted, ignore_errors=True)
     finally:

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import workspace
+from .archive import ARCHIVE_SUFFIXES
 from .errors import PlatformError
-from .settings import DATASET, FRAMEWORK
+from .settings import DATASET, FRAMEWORK, SAMPLE
 from .workspace import PROJECT_ROOT, SAMPLE_DATA_DIR
 
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05
 
@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: continue from OUTPUT_DIR/checkpoints/last.* if present; none: start afresh; or a checkpoint path",
     )
     parser.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="train nothing: evaluate the checkpoint --resume names (default: OUTPUT_DIR/checkpoints/last.*), or "
+        "--init-from's, on the validation set with this job's processes; writes OUTPUT_DIR/eval.json",
+    )
+    parser.add_argument(
         "--init-from",
         metavar="PATH",
         help="a fresh start begins from these weights (a state dict, or a checkpoint of this project): those that "
@@ -94,12 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-dir",
         help="the unpacked dataset, train/<class>/* and val/<class>/*, or one folder holding them "
-        "(default: data/digits, or a folder beside --dataset-zip named after it)",
+        f"(default: data/{SAMPLE}, or a folder beside --dataset-zip named after it)",
     )
     parser.add_argument(
         "--dataset-zip",
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
-        + (" (default: none; data/digits.zip is extracted when the sample is read)" if DATASET == "zip" else ""),
+        + (f" (default: none; data/{SAMPLE}.zip is extracted when the sample is read)" if DATASET == "zip" else ""),
     )
     parser.add_argument(
         "--labels-csv",
@@ -111,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-fraction",
         type=fraction,
         default=0.1,
-        help="without a val/ split (no val/ folder, or no CSV row under val/): the part of each class held out "
-        "for validation, the same on every rank and run for a given --seed",
+        help="without a validation split (no val/ folder or val.csv, or no labels-CSV row under val/): the part "
+        "of the data (of each class) held out for validation, the same on every rank and run for a given --seed",
     )
     parser.add_argument(
         "--image-size",
@@ -125,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         choices=(1, 3),
         help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)",
+    )
+    parser.add_argument(
+        "--target", default="target", metavar="NAME", help="regression: the CSV column to learn (default: target)"
+    )
+    parser.add_argument(
+        "--num-classes",
+        type=positive_int,
+        metavar="N",
+        help="segmentation: the number of classes (default: the largest index in the training masks, plus one)",
     )
     batches = parser.add_mutually_exclusive_group()
     batches.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
@@ -217,31 +232,38 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
 def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(
         prog="predict.py",
-        description="Predict the class of every image in a folder or an archive, into a CSV file (see predict.sh).",
+        description="Predict every input of a file, a folder or an archive with a checkpoint, in the task's "
+        "submission form (task.write_predictions(); see predict.sh).",
     )
     parser.add_argument(
         "--checkpoint",
         default=str(PROJECT_ROOT / "output" / "checkpoints" / f"best.{'pt' if FRAMEWORK == 'pytorch' else 'pdparams'}"),
-        help="a checkpoint run.py wrote: it holds the class names and how images were read (default: output/'s best)",
+        help="a checkpoint run.py wrote: it holds what predicting needs (class names, how inputs were read) "
+        "(default: output/'s best)",
     )
     parser.add_argument(
-        "--input", required=True, help="a folder of images (at any depth), or an archive of them (.zip, .tar.gz, ...)"
+        "--input",
+        required=True,
+        help="what to predict, as data.build_predict_set() reads it (images: a folder at any depth; a table or "
+        "texts: a CSV file), or an archive of it (.zip, .tar.gz, ...)",
     )
-    parser.add_argument("--output", default="predictions.csv", help="the CSV file to write (rank 0 writes it)")
+    parser.add_argument(
+        "--output", help="the file (or folder) to write, by rank 0 (default: the task's, predictions.csv for a CSV)"
+    )
     parser.add_argument(
         "--sample-submission",
         metavar="FILE",
-        help="a competition's sample CSV: its header, its ID column (an image's file name without its extension) "
-        "and its row order are followed; the second column gets the label",
+        help="a competition's sample CSV: its header, its ID column (an input's file name without its extension) "
+        "and its row order are followed; the second column gets the prediction",
     )
     parser.add_argument(
         "--probabilities", action="store_true", help="add a column with the predicted class's probability"
     )
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="inputs per forward pass")
     parser.add_argument(
         "--workers",
         type=non_negative_int,
-        help="image-decoding worker processes per process (default: as run.py's --workers, none on CPUs; on GPUs "
+        help="input-reading worker processes per process (default: as run.py's --workers, none on CPUs; on GPUs "
         "the cores each process may use, less one, at most 8)",
     )
     add_process_flags(parser)
@@ -277,8 +299,8 @@ def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:
     An explicit --dataset-zip alone extracts into a folder beside it, named after it (elsewhere, with a
     line saying where, if that folder cannot be written).
     ModelArts's --data_url fills in whichever of the two it holds and the user did not give.
-    Neither: the bundled sample's folder, data/digits; in a dataset=zip project the datasets that read it
-    extract data/digits.zip there first (archive.extract_sample_for()), so that a project whose own
+    Neither: the bundled sample's folder, data/<SAMPLE>; in a dataset=zip project the datasets that read it
+    extract data/<SAMPLE>.zip there first (archive.extract_sample_for()), so that a project whose own
     build_datasets() reads other data never extracts it. --synthetic needs no data: nothing is extracted.
     """
     if args.data_url:

@@ -14,7 +14,6 @@ run for a given seed. Classes are sorted by name; a sample is (path, class index
 """
 
 import csv
-import inspect
 import logging
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -264,31 +263,3 @@ def option(args, name: str, default):
     """A flag of run.py, or its default when args come from elsewhere (a notebook, a script) without it."""
     value = getattr(args, name, None)
     return default if value is None else value
-
-
-def data_description(train_set, num_classes: int) -> dict:
-    """What a checkpoint must hold to read new images as training did: for predict.py.
-
-    build_datasets() sets these attributes on its sets; a dataset of your own that does
-    not falls back to class names "0", "1", ... and None for what it does not say.
-    """
-    classes = getattr(train_set, "classes", None) or [str(label) for label in range(num_classes)]
-    return {
-        "classes": [str(name) for name in classes],
-        "image_size": getattr(train_set, "image_size", None),
-        "channels": getattr(train_set, "channels", None),
-        "mean": getattr(train_set, "mean", None),
-        "std": getattr(train_set, "std", None),
-    }
-
-
-def model_options(build_model, description: dict) -> dict:
-    """The keyword arguments of build_model() that the data can fill: `channels`, `image_size`.
-
-    build_model(num_classes) stays the extension point: a build_model that takes
-    `channels=` (or `image_size=`) gets it from the data; one that does not is
-    called as before. run.py: build_model(num_classes, **model_options(build_model, description)).
-    """
-    accepted = inspect.signature(build_model).parameters
-    filled = ("channels", "image_size")
-    return {name: description[name] for name in filled if name in accepted and description.get(name)}

@@ -97,11 +97,11 @@ class MetricsLog:
             drop_metrics_after(self.path, epochs_done)
 
     def report(self, epoch: int, train_stats: dict, val_stats: dict, started: float) -> dict:
+        """`val_stats`: task.metrics() of the validation set (val_<name> each), and its "samples"."""
         record = {
             "epoch": epoch,
             "train_loss": train_stats["loss"],
-            "val_loss": val_stats["loss"],
-            "val_acc": val_stats["acc"],
+            **validation_record(val_stats),
             **self.per_run,
             "train_samples": train_stats["samples"],
             "val_samples": val_stats["samples"],
@@ -112,10 +112,40 @@ class MetricsLog:
         if self.is_main:
             append_metrics(self.path, record)
         PACKAGE_LOGGER.info(
-            "epoch %d/%d train_loss %.4f val_loss %.4f val_acc %.4f (%.1f s)",
-            epoch, self.epochs, record["train_loss"], record["val_loss"], record["val_acc"], record["epoch_time_s"],
+            "epoch %d/%d train_loss %.4f %s (%.1f s)",
+            epoch, self.epochs, record["train_loss"], _numbers(validation_record(val_stats)), record["epoch_time_s"],
         )  # fmt: skip
         return record
+
+
+def validation_record(val_stats: dict) -> dict:
+    """val_loss first, then val_<name> for each other metric, in the task's order."""
+    metrics = {name: value for name, value in val_stats.items() if name != "samples"}
+    return {"val_loss": metrics.pop("loss"), **{f"val_{name}": value for name, value in metrics.items()}}
+
+
+def _numbers(record: dict) -> str:
+    return " ".join(f"{name} {value:.4f}" for name, value in record.items())
+
+
+def best_of(state) -> str:
+    """The done line's best metric (a TrainingState's): `val_acc 0.9722`, or that no epoch had a finite one."""
+    if state.best_value is None:
+        return f"val_{state.best_metric} none (no epoch had a finite value)"
+    return f"val_{state.best_metric} {state.best_value:.4f}"
+
+
+def report_evaluation(output_dir: Path, val_stats: dict, is_main: bool, checkpoint) -> None:
+    """--evaluate's result: OUTPUT_DIR/eval.json (rank 0, whole or not at all) and one `eval:` line."""
+    record = {**validation_record(val_stats), "val_samples": val_stats["samples"], "checkpoint": str(checkpoint)}
+    if is_main:
+        path = Path(output_dir) / "eval.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        temporary.replace(path)
+    numbers = _numbers({name: value for name, value in record.items() if name.startswith("val_") and name != "val_samples"})
+    PACKAGE_LOGGER.info("eval: %s (%d samples; %s)", numbers, val_stats["samples"], checkpoint)
 
 
 def append_metrics(path: Path, record: dict) -> None:

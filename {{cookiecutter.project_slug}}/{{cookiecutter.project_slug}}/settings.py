@@ -4,3 +4,6 @@ FRAMEWORK = {{ cookiecutter.framework | tojson }}
 LAUNCHER = {{ cookiecutter.launcher | tojson }}
 NODES = {{ cookiecutter.nodes | tojson }}
 DATASET = {{ cookiecutter.dataset | tojson }}
+TASK = {{ cookiecutter.task | tojson }}
+# The task's sample data: data/<SAMPLE>.zip, or data/<SAMPLE>/ unpacked.
+SAMPLE = {{ {"classification": "digits", "regression": "diabetes", "text": "docstrings", "segmentation": "digit_masks"}[cookiecutter.task] | tojson }}

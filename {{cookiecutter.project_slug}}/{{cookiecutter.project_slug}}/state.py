@@ -1,8 +1,9 @@
 """Where training stands, and the part of checkpointing that is the same for every framework.
 
 Each framework's checkpoint.Checkpointer is a CheckpointerBase that reads and writes its
-own files; this base owns the TrainingState: it decides which epoch is the best, keeps
-how far a stopped epoch got, and makes every rank agree on where a resumed run starts.
+own files; this base owns the TrainingState: it decides which epoch is the best (by the
+metric and direction task.py states), keeps how far a stopped epoch got, and makes every
+rank agree on where a resumed run starts.
 """
 
 import logging
@@ -31,10 +32,11 @@ class EpochProgress:
 
 @dataclass
 class TrainingState:
-    """Epochs done, the best validation accuracy so far, and this rank's progress into the next epoch."""
+    """Epochs done, the best value so far of the metric that picks best.* (None: no finite one yet), and this rank's
+    progress into the next epoch."""
 
     epochs_done: int = 0
-    best_acc: float = 0.0
+    best_value: float | None = None
     progress: EpochProgress = field(default_factory=EpochProgress)
     global_batch_size: int | None = None  # --global-batch-size of the run: kept by a resume on another world size
     grad_accum: int = 1  # the accumulation steps the run trains with
@@ -42,6 +44,8 @@ class TrainingState:
     # The learning rate its schedule decays from (not compared: two states at the same point are equal whatever
     # rate build_optimizer() gave them).
     base_lr: float | None = field(default=None, compare=False)
+    best_metric: str = "acc"  # task.BEST_METRIC, without val_
+    best_mode: str = "max"  # task.BEST_MODE: "max" or "min"
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -75,11 +79,30 @@ class TrainingState:
         self.global_batch_size, self.grad_accum = target, steps
         return steps
 
-    def finish_epoch(self, epoch: int, val_acc: float) -> bool:
-        """Record a finished epoch; True when its accuracy is the best so far (ties keep the earlier best)."""
-        is_best = val_acc > self.best_acc
-        self.epochs_done, self.best_acc, self.progress = epoch, max(self.best_acc, val_acc), EpochProgress()
+    def finish_epoch(self, epoch: int, metrics: dict) -> bool:
+        """Record a finished epoch; True when its best metric is the best so far in its direction (ties keep the
+        earlier best). A value that is not finite is never best, and is said."""
+        value = metrics[self.best_metric]
+        if not math.isfinite(value):
+            log.info("val_%s is %s at epoch %d: not a number to compare, so not a best checkpoint", self.best_metric,
+                     value, epoch)  # fmt: skip
+            is_best = False
+        elif self.best_value is None:
+            is_best = True
+        else:
+            is_best = value > self.best_value if self.best_mode == "max" else value < self.best_value
+        if is_best:
+            self.best_value = value
+        self.epochs_done, self.progress = epoch, EpochProgress()
         return is_best
+
+    def choose_best_by(self, metric: str, mode: str) -> None:
+        """Pick best.* by task.py's metric and direction; a resumed run's best by another one does not count."""
+        if (metric, mode) != (self.best_metric, self.best_mode) and self.best_value is not None:
+            log.info("best.* was chosen by val_%s (%s) and is now chosen by val_%s (%s): the best so far starts afresh",
+                     self.best_metric, self.best_mode, metric, mode)  # fmt: skip
+            self.best_value = None
+        self.best_metric, self.best_mode = metric, mode
 
 
 class CheckpointerBase:
@@ -90,16 +113,22 @@ class CheckpointerBase:
     streams and schedule (its base rate, and the factor of the epoch it is at).
     """
 
-    def __init__(self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None):
+    def __init__(
+        self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None,
+        best: tuple[str, str] = ("acc", "max"),
+    ):  # fmt: skip
         self.directory = Path(directory)
         self.env = env
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.data = data or {}  # images.data_description(): saved with every checkpoint, for predictions
-        self.state = TrainingState()
+        self.data = data or {}  # seam.data_description(): saved with every checkpoint, for predictions
+        self.best = best  # task.py's BEST_METRIC and BEST_MODE
+        self.state = TrainingState(best_metric=best[0], best_mode=best[1])
+        self.loaded: Path | None = None  # the checkpoint resume() read
 
-    def end_epoch(self, epoch: int, val_acc: float) -> None:
-        """Record a finished epoch and save it (last, and best when it is the best); on every rank."""
-        is_best = self.state.finish_epoch(epoch, val_acc)
+    def end_epoch(self, epoch: int, metrics: dict) -> None:
+        """Record a finished epoch (its validation metrics, without val_) and save it (last, and best when it is
+        the best); on every rank."""
+        is_best = self.state.finish_epoch(epoch, metrics)
         self._save(self.state, is_best)
 
     def save_stopped(self, stopped) -> None:
@@ -121,6 +150,8 @@ class CheckpointerBase:
         """
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
+        self.state.choose_best_by(*self.best)
+        self.loaded = loaded[0] if loaded is not None else None
         if init_from and loaded is not None:
             log.info("--init-from %s ignored: a resumed run goes on from its own checkpoint", init_from)
         elif init_from:
@@ -171,7 +202,9 @@ class CheckpointerBase:
         if self.env.is_main:
             training = {
                 "epoch": state.epochs_done,
-                "best_acc": state.best_acc,
+                "best_metric": state.best_metric,
+                "best_mode": state.best_mode,
+                "best_value": state.best_value,
                 "rng": [rng for rng, _ in per_rank],
                 "progress": [progress for _, progress in per_rank],
                 "data": self.data,
@@ -217,9 +250,12 @@ class CheckpointerBase:
             log.info("resumed from %s (epoch %d, step %d)", path, saved["epoch"] + 1, progress.step)
         else:
             log.info("resumed from %s (epoch %d)", path, saved["epoch"])
+        # A checkpoint from before task.py (best_acc, no metric's name) was chosen by classification's accuracy.
+        best_value = saved["best_value"] if "best_metric" in saved else saved["best_acc"]
         return TrainingState(
-            saved["epoch"], saved["best_acc"], progress,
+            saved["epoch"], best_value, progress,
             saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
+            saved.get("best_metric", "acc"), saved.get("best_mode", "max"),
         )  # fmt: skip
 
 

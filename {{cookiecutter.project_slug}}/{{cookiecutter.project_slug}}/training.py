@@ -9,15 +9,16 @@ from . import (
     distributed,
     engine,
     folder_lock,
-    images,
     loaders,
     logs,
     preemption,
+    seam,
+    task,
     tracking,
 )
 from .checkpoint import Checkpointer
 from .data import build_datasets
-from .errors import explain_user_errors
+from .errors import UserError, explain_user_errors
 from .loader_watch import LoaderWatch
 from .model import build_model, build_optimizer
 
@@ -30,7 +31,8 @@ def train(args) -> None:
     lock = None
     try:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
-        log = logs.setup_logging(args.output_dir, env.rank)
+        log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
+        seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -42,9 +44,10 @@ def train(args) -> None:
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # build_model() gets the data's channels (--channels) if it takes them.
-        data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
-        network = build_model(num_classes, **images.model_options(build_model, data))
+        # What predicting needs (class names, ...), saved with every checkpoint; build_model() gets the parts it
+        # names as parameters (the images' channels, a vocabulary's size, ...).
+        data = seam.data_description(train_set, num_classes)
+        network = build_model(num_classes, **seam.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = distributed.wrap_model(network, env, args.find_unused_parameters, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
@@ -55,8 +58,15 @@ def train(args) -> None:
         scaler = engine.grad_scaler(amp_dtype)
 
         output_dir = Path(args.output_dir)
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data)
-        state = checkpoints.resume(args.resume, args.init_from, args.lr)
+        checkpoints = Checkpointer(
+            output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, (task.BEST_METRIC, task.BEST_MODE)
+        )
+        # --evaluate --init-from PATH: those weights, whatever the folder holds.
+        state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
+        if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
+            _evaluate(model, val_loader, env, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
+            return
+        engine.check_task(model, val_loader, env, amp_dtype)  # metrics() on a first batch: its mistakes now, not later
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         state.switch_precision(amp_dtype)
         workers = train_loader.num_workers
@@ -84,16 +94,27 @@ def train(args) -> None:
                 scheduler.step()
                 val_stats = engine.evaluate(model, val_loader, env, amp_dtype)
                 tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-                checkpoints.end_epoch(epoch, val_stats["acc"])
+                checkpoints.end_epoch(epoch, val_stats)
                 stop.after_epoch(env, epoch, args.epochs)
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
             preemption.leave(stopped, checkpoints.last_path)
         finally:
             tracker.close()
-        log.info("done: best val_acc %.4f; checkpoint: %s", state.best_acc, checkpoints.last_path.resolve())
+        log.info("done: best %s; checkpoint: %s", logs.best_of(state), checkpoints.last_path.resolve())
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()
     finally:
         folder_lock.release(lock)
         distributed.cleanup()
+
+
+def _evaluate(model, val_loader, env, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
+    if checkpoint is None:
+        raise UserError(
+            f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
+            "or --init-from PATH",
+            shown=env.is_main,
+        )
+    logs.report_evaluation(output_dir, engine.evaluate(model, val_loader, env, amp_dtype), env.is_main, checkpoint)
+    distributed.barrier()

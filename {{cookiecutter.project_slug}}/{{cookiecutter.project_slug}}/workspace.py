@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import PlatformError
+from .settings import SAMPLE
 
 # Defaults are anchored to the project folder, so `python /path/to/run.py` works from anywhere.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / "digits"
-SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / "digits.zip"  # in dataset=zip projects; extracted when first read
+SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / SAMPLE
+SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / f"{SAMPLE}.zip"  # in dataset=zip projects; extracted when first read
 AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE names another (tests)
 
 

@@ -39,7 +39,7 @@ from .state import CheckpointerBase
 _log = logging.getLogger(__name__)  # for the interrupted-save warning, which PyTorch has no need of
 
 LAST, BEST = "last.pdparams", "best.pdparams"
-STATE_KEYS = ("optimizer", "scaler", "epoch", "best_acc", "rng", "progress")
+STATE_KEYS = ("optimizer", "scaler", "epoch", "rng", "progress")
 _STATE = ".pdopt"  # the training state beside each .pdparams
 _DATA = ".json"  # and the data description: predict.py reads it without the optimizer's state
 _SAVING, _SAVED = ".saving", ".saved"

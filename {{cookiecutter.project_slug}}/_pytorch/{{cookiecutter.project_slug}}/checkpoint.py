@@ -1,9 +1,9 @@
 """Checkpoints: written by global rank 0 only, atomically; read back on every rank.
 
 DIR/checkpoints/last.pt holds everything needed to continue (model, optimizer,
-scheduler, AMP scaler, epochs done, best accuracy, every rank's RNG states and,
-after a SIGTERM stop, how far each rank is into the next epoch); best.pt is a copy
-of the epoch with the best validation accuracy. Files are written to a temporary
+scheduler, AMP scaler, epochs done, the best metric's name, direction and value, every
+rank's RNG states and, after a SIGTERM stop, how far each rank is into the next epoch);
+best.pt is a copy of the epoch with the best value of task.py's BEST_METRIC. Files are written to a temporary
 name and os.replace()d, so a crash mid-save leaves the previous checkpoint intact.
 They load with torch.load(weights_only=True). What is the same in Paddle (the
 training state, the best epoch, resuming on every rank) is state.CheckpointerBase.
@@ -24,7 +24,7 @@ from .errors import UserError
 from .state import CheckpointerBase
 
 LAST, BEST = "last.pt", "best.pt"
-STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng", "progress")
+STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "rng", "progress")
 
 
 class Checkpointer(CheckpointerBase):

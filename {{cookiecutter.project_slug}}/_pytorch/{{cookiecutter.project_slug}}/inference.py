@@ -1,22 +1,22 @@
 """Predictions from a trained checkpoint, in one process: what the notebook shows, and predict.py builds on.
 
-`model = load_for_inference(checkpoint_path("output", "best"))`, then `labels = predict(model, images)`:
-images are float32 (N, C, H, W), as images.load_image() makes them.
+`model = load_for_inference(checkpoint_path("output", "best"))`, then `rows = predict(model, batch)`: a
+batch as data.build_predict_set()'s loader makes them (numpy arrays or tensors), one row per input, as
+task.predict_step() makes it (classification: the class index and its probability).
 """
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from . import distributed, seam, task
 from .checkpoint import BEST, LAST, read_weights
 from .errors import UserError
-from .images import model_options
 from .model import build_model
 
 
 def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
-    """The best (highest validation accuracy) or last checkpoint a run wrote into `output_dir`."""
+    """The best (by task.py's BEST_METRIC) or last checkpoint a run wrote into `output_dir`."""
     return Path(output_dir) / "checkpoints" / {"best": BEST, "last": LAST}[which]
 
 
@@ -30,8 +30,8 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def checkpoint_data(checkpoint: str | Path) -> dict:
-    """What a checkpoint of run.py records about its training images (images.data_description()):
-    class names, image size, channels, mean and std; {} for a bare state dict."""
+    """What a checkpoint of run.py records for predicting (seam.data_description()): class names, and what the
+    task's data needs (image size and channels, a table's statistics, a vocabulary); {} for a bare state dict."""
     return read_weights(Path(checkpoint))[1]
 
 
@@ -40,9 +40,10 @@ def load_for_inference(
 ) -> torch.nn.Module:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
-    num_classes: the network's outputs; by default the size of the last tensor of the saved weights
-    (the classifier's bias in most networks). build_model() gets the channels the checkpoint records,
-    if it takes them. A last.pt or best.pt run.py wrote, or a bare state dict.
+    num_classes: the network's outputs; by default the checkpoint's, or for a bare state dict the size of the
+    last tensor of its weights (the classifier's bias in most networks). build_model() gets what the checkpoint
+    records that it names as parameters (channels, a vocabulary's size, ...). A last.pt or best.pt run.py
+    wrote, or a bare state dict.
     """
     return load_with_data(checkpoint, device, num_classes)[0]
 
@@ -55,7 +56,8 @@ def load_with_data(
     checkpoint = Path(checkpoint)
     target = pick_device(device)
     weights, data = read_weights(checkpoint)
-    model = build_model(num_classes or len(list(weights.values())[-1]), **model_options(build_model, data))
+    num_classes = num_classes or data.get("num_classes") or len(list(weights.values())[-1])
+    model = build_model(num_classes, **seam.model_options(build_model, data))
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -65,18 +67,8 @@ def load_with_data(
 
 
 @torch.no_grad()
-def probabilities(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
-    """Each image's class probabilities, the softmax of the model's outputs: float32 (N, classes)."""
-    device = next(model.parameters()).device
-    batches = []
-    for start in range(0, len(images), batch_size):
-        batch = torch.as_tensor(np.asarray(images[start : start + batch_size], dtype=np.float32), device=device)
-        batches.append(model(batch).float().softmax(dim=1).cpu().numpy())
-    return np.concatenate(batches) if batches else np.zeros((0, 0), dtype=np.float32)
-
-
-def predict(model: torch.nn.Module, images, batch_size: int = 256) -> np.ndarray:
-    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
-    if not len(images):
-        return np.zeros(0, dtype=np.int64)
-    return probabilities(model, images, batch_size).argmax(axis=1).astype(np.int64)
+def predict(model: torch.nn.Module, batch) -> list:
+    """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
+    batch = distributed.to_device(batch, next(model.parameters()).device)
+    with seam.calling("predict_step", batch):
+        return list(task.predict_step(model, batch))

@@ -1,5 +1,5 @@
-"""The network, its optimizer and its loss. Extension points: replace build_model(), build_optimizer() and
-build_loss() with your own.
+"""The network and its optimizer. Extension points: replace build_model() and build_optimizer() with your own
+(the loss is task.py's).
 
 Any paddle.nn.Layer works: distributed.wrap_model() adds DataParallel around
 it, and checkpoints store the unwrapped model's state dict.
@@ -35,7 +35,3 @@ def build_optimizer(model: nn.Layer, lr: float) -> paddle.optimizer.Optimizer:
     """Momentum SGD at --lr; run.py puts the cosine schedule on top of whatever this returns."""
     return paddle.optimizer.Momentum(learning_rate=lr, momentum=0.9, parameters=model.parameters())
 
-
-def build_loss() -> nn.Layer:
-    """The training loss: called as loss(logits, labels), it returns the batch's mean (evaluation reports it too)."""
-    return nn.CrossEntropyLoss()

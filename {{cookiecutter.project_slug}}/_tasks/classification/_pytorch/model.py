@@ -1,5 +1,5 @@
-"""The network, its optimizer and its loss. Extension points: replace build_model(), build_optimizer() and
-build_loss() with your own.
+"""The network and its optimizer. Extension points: replace build_model() and build_optimizer() with your own
+(the loss is task.py's).
 
 Any torch.nn.Module works: distributed.wrap_model() moves it to the device and adds
 DDP around it, and checkpoints store the unwrapped model's state dict.
@@ -29,7 +29,3 @@ def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """SGD with momentum at --lr; run.py puts the cosine schedule on top of whatever this returns."""
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
-
-def build_loss() -> nn.Module:
-    """The training loss: called as loss(logits, labels), it returns the batch's mean (evaluation reports it too)."""
-    return nn.CrossEntropyLoss()
