@@ -1,6 +1,9 @@
 """What paddle.Model.fit needs around it: the model, the loss it minimises, and an epoch callback.
 
-fit() runs the training steps. EpochEnd, a fit callback, does per epoch what the basic
+fit() runs the training steps. It flattens each batch (a dict by its sorted keys) and splits it
+into a network's inputs and labels by the number of forward()'s parameters; TaskLoss takes the
+whole flattened batch as its inputs, puts it back in the loader's structure, and returns
+task.training_loss(), so every batch reaches the task as the basic loop gives it. EpochEnd, a fit callback, does per epoch what the basic
 loop (engine.train_one_epoch) does: it reshuffles the data, logs the loss (to the tracker
 too), sums the loss and samples over all ranks and hands them to the caller's end-of-epoch
 function (validation, metrics, checkpoints); after each optimizer step it asks whether a
@@ -15,12 +18,12 @@ from dataclasses import replace
 
 import paddle
 from paddle.io import DataLoader
+from paddle.static import InputSpec
 
-from . import distributed, loaders
+from . import distributed, loaders, seam, task
 from .distributed import DistEnv
 from .loader_watch import LoaderWatch
 from .logs import LossLog
-from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress, TrainingState
 from .tracking import Tracker
@@ -31,15 +34,35 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", "To copy construct from a tensor")
 
 
-def paddle_model(network: paddle.nn.Layer, compile: bool = False, channels_last: bool = False) -> paddle.Model:
-    """paddle.Model around the network (--compile and --channels-last are PyTorch's: the log says so).
+class TaskLoss(paddle.nn.Layer):
+    """The network with task.training_loss() on top, for fit(): forward() takes a flattened batch (`structure`:
+    one batch as the loader makes it) and returns the task's loss."""
+
+    def __init__(self, network: paddle.nn.Layer, structure):
+        super().__init__()
+        self.network, self.structure = network, structure
+
+    def forward(self, *flat):
+        batch = paddle.utils.pack_sequence_as(self.structure, list(flat))
+        with seam.calling("training_loss", batch):
+            return seam.checked_loss(task.training_loss(self.network, batch), batch)
+
+
+def paddle_model(
+    network: paddle.nn.Layer, loader: DataLoader, compile: bool = False, channels_last: bool = False
+) -> paddle.Model:
+    """paddle.Model around the network and the task's loss, for the batches of `loader` (--compile and
+    --channels-last are PyTorch's: the log says so).
 
     On several ranks it wraps the network in DataParallel itself, calling init_parallel_env()
     again (distributed.setup() has joined: paddle keeps that process group).
     """
     distributed._say_pytorch_only(compile, channels_last)  # the package's own helpers, as wrap_model() uses them
+    dataset = loader.dataset
+    structure = (getattr(dataset, "collate", None) or paddle.io.dataloader.collate.default_collate_fn)([dataset[0]])
+    inputs = [InputSpec([None], name=f"batch_{index}") for index in range(len(paddle.utils.flatten(structure)))]
     with distributed._without_flag_table():
-        return paddle.Model(network)
+        return paddle.Model(TaskLoss(network, structure), inputs=inputs, labels=[])
 
 
 def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
@@ -48,13 +71,12 @@ def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
 
 
 def accumulated_loss(grad_accum: int):
-    """model.build_loss() for Model.prepare().
+    """The loss for Model.prepare(): TaskLoss's output, task.training_loss().
 
     fit() sums the gradients of --grad-accum micro-batches; each loss divided by
     their number makes the sum a mean, as one big batch (and the basic loop) gives.
     """
-    loss_fn = build_loss()
-    return lambda logits, labels: loss_fn(logits, labels) / grad_accum
+    return lambda loss: loss / grad_accum
 
 
 class EpochEnd(paddle.callbacks.Callback):

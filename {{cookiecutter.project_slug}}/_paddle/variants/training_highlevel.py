@@ -10,15 +10,16 @@ from . import (
     engine,
     fit,
     folder_lock,
-    images,
     loaders,
     logs,
     preemption,
+    seam,
+    task,
     tracking,
 )
 from .checkpoint import Checkpointer
 from .data import build_datasets
-from .errors import explain_user_errors, out_of_memory_is_a_user_error
+from .errors import UserError, explain_user_errors, out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
 from .model import build_model, build_optimizer
 
@@ -31,7 +32,8 @@ def train(args) -> None:
     lock = None
     try:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
-        log = logs.setup_logging(args.output_dir, env.rank)
+        log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
+        seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -43,11 +45,12 @@ def train(args) -> None:
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # build_model() gets the data's channels (--channels) if it takes them.
-        data = images.data_description(train_set, num_classes)  # also saved with every checkpoint
-        network = build_model(num_classes, **images.model_options(build_model, data))
+        # What predicting needs (class names, ...), saved with every checkpoint; build_model() gets the parts it
+        # names as parameters (the images' channels, a vocabulary's size, ...).
+        data = seam.data_description(train_set, num_classes)
+        network = build_model(num_classes, **seam.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = fit.paddle_model(network, args.compile, args.channels_last)
+        model = fit.paddle_model(network, train_loader, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
@@ -57,8 +60,16 @@ def train(args) -> None:
             log.warning("--amp-dtype bf16: paddle.Model's mixed precision is float16 only, so this run uses float16")
 
         output_dir = Path(args.output_dir)
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, network, optimizer, scheduler, data=data)
-        state = checkpoints.resume(args.resume, args.init_from, args.lr)
+        checkpoints = Checkpointer(
+            output_dir / "checkpoints", env, network, optimizer, scheduler, data=data,
+            best=(task.BEST_METRIC, task.BEST_MODE),
+        )  # fmt: skip
+        # --evaluate --init-from PATH: those weights, whatever the folder holds.
+        state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
+        if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
+            _evaluate(network, val_loader, env, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
+            return
+        engine.check_task(network, val_loader, env, amp_dtype)  # metrics() on a first batch: mistakes now, not later
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         state.switch_precision(amp_dtype)
         # (After the resume: the accumulation steps may be the checkpoint's.)
@@ -78,7 +89,7 @@ def train(args) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
             val_stats = engine.evaluate(network, val_loader, env, amp_dtype)
             tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-            checkpoints.end_epoch(epoch, val_stats["acc"])
+            checkpoints.end_epoch(epoch, val_stats)
             stop.after_epoch(env, epoch, args.epochs)
 
         try:
@@ -100,9 +111,20 @@ def train(args) -> None:
             preemption.leave(stopped, checkpoints.last_path)
         finally:
             tracker.close()
-        log.info("done: best val_acc %.4f; checkpoint: %s", state.best_acc, checkpoints.last_path.resolve())
+        log.info("done: best %s; checkpoint: %s", logs.best_of(state), checkpoints.last_path.resolve())
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()
     finally:
         folder_lock.release(lock)
         distributed.cleanup()
+
+
+def _evaluate(network, val_loader, env, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
+    if checkpoint is None:
+        raise UserError(
+            f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
+            "or --init-from PATH",
+            shown=env.is_main,
+        )
+    logs.report_evaluation(output_dir, engine.evaluate(network, val_loader, env, amp_dtype), env.is_main, checkpoint)
+    distributed.barrier()

@@ -15,12 +15,11 @@ import numpy as np
 import paddle
 from paddle.io import DataLoader
 
-from . import distributed, hardware, loaders
+from . import distributed, hardware, loaders, seam, task
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
 from .logs import LossLog, progress_bar
-from .model import build_loss
 from .preemption import Diverged, Stopped, StopRequest
 from .state import EpochProgress
 from .tracking import Tracker
@@ -43,7 +42,6 @@ def train_one_epoch(
     `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     """
     model.train()
-    loss_fn = build_loss()
     sampler = loaders.train_sampler(loader)
     sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
     sampler.skip_batches = progress.step
@@ -54,20 +52,22 @@ def train_one_epoch(
     loss_log = LossLog(env.is_main, epoch, steps, grad_accum, log_every, tracker)
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
-    for step, (images, labels) in enumerate(batches, progress.step + 1):
+    for step, batch in enumerate(batches, progress.step + 1):
+        batch = loaders.to_device(batch, env.device)
         steps_now = step % grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
-            with _autocast(amp_dtype):
-                loss = loss_fn(model(images), labels)
+            with _autocast(amp_dtype), seam.calling("training_loss", batch):
+                loss = seam.checked_loss(task.training_loss(model, batch), batch)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
             scaler.step(optimizer)
             scaler.update()
             optimizer.clear_grad()
-        loss_sum += loss.detach() * len(labels)
-        seen += len(labels)
+        count = seam.sample_count(batch)
+        loss_sum += loss.detach().astype("float32").reshape([]) * count
+        seen += count
         loss_log.step(step, loss_sum, seen)
         # The last step needs no check: the vote after the epoch's save covers it.
         if steps_now and step < steps and stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step)):
@@ -82,24 +82,41 @@ def train_one_epoch(
 
 @out_of_memory_is_a_user_error(MemoryError)
 @paddle.no_grad()
-def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> dict:
-    """Loss and accuracy over the whole validation set, each sample counted once across ranks, in the training's
-    precision."""
-    # The unwrapped model: ranks may run different numbers of batches, and only training needs the wrapper.
+def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None, batches: int | None = None) -> dict:
+    """task.metrics() over the whole validation set, and its size ("samples"), in the training's precision.
+
+    The loader deals whole batches to the ranks (loaders.DealtBatches): each batch is the same
+    whatever the number of processes, each sample counted once. `batches`: only this rank's
+    first few (a check of the task before training), counting only those.
+    """
+    # The unwrapped model: ranks run different numbers of batches, and only training needs the wrapper.
     model = distributed.unwrap(model)
     model.eval()
-    loss_fn = build_loss()
-    loss_sum = paddle.zeros([])
-    correct = paddle.zeros([])
-    count = 0
-    for images, labels in loader:
-        with _autocast(amp_dtype):
-            logits = model(images)
-        loss_sum += loss_fn(logits.astype("float32"), labels) * len(labels)
-        correct += (logits.argmax(axis=1) == labels).astype("float32").sum()
-        count += len(labels)
-    total_loss, total_correct, total = distributed.all_reduce_sum([loss_sum.item(), correct.item(), count], env)
-    return {"loss": total_loss / max(total, 1), "acc": total_correct / max(total, 1), "samples": int(total)}
+    dealt = loader.batch_sampler
+    mine = []
+    for number, batch in zip(dealt.numbers[:batches], loader, strict=False):
+        batch = loaders.to_device(batch, env.device)
+        with _autocast(amp_dtype), seam.calling("validation_step", batch):
+            sums, per_sample = seam.validation_parts(task.validation_step(model, batch), batch)
+        count = dealt.size_of(number)
+        mine.append((number, seam.as_float64(sums, _numpy), seam.as_arrays(per_sample, _numpy, count)))
+    if batches is not None:
+        return seam.metrics_of(task, mine, sum(dealt.size_of(number) for number, _, _ in mine))
+    # One collective after the loop (ranks have different numbers of batches): every rank gets every batch's part.
+    everyone = [part for rank in distributed.all_gather_object(mine) for part in rank]
+    return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}
+
+
+def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> None:
+    """task.validation_step() and metrics() on this rank's first validation batch, before training: a metric
+    they miss, or a batch they cannot read, ends the run now in one line (training_loss() meets its first batch
+    at the first step)."""
+    if loader.batch_sampler.numbers:
+        evaluate(model, loader, env, amp_dtype, batches=1)
+
+
+def _numpy(value) -> np.ndarray:
+    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,22 +1,22 @@
 """Predictions from a trained checkpoint, in one process: what the notebook shows, and predict.py builds on.
 
-`model = load_for_inference(checkpoint_path("output", "best"))`, then `labels = predict(model, images)`:
-images are float32 (N, C, H, W), as images.load_image() makes them.
+`model = load_for_inference(checkpoint_path("output", "best"))`, then `rows = predict(model, batch)`: a
+batch as data.build_predict_set()'s loader makes them (numpy arrays or tensors), one row per input, as
+task.predict_step() makes it (classification: the class index and its probability).
 """
 
 from pathlib import Path
 
-import numpy as np
 import paddle
 
+from . import loaders, seam, task
 from .checkpoint import BEST, LAST, read_weights
 from .errors import UserError
-from .images import model_options
 from .model import build_model
 
 
 def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
-    """The best (highest validation accuracy) or last checkpoint a run wrote into `output_dir`."""
+    """The best (by task.py's BEST_METRIC) or last checkpoint a run wrote into `output_dir`."""
     return Path(output_dir) / "checkpoints" / {"best": BEST, "last": LAST}[which]
 
 
@@ -34,17 +34,17 @@ def pick_device(device: str = "auto") -> str:
 
 
 def checkpoint_data(checkpoint: str | Path) -> dict:
-    """What a checkpoint of run.py records about its training images (images.data_description()):
-    class names, image size, channels, mean and std; {} for a bare state dict."""
+    """What a checkpoint of run.py records for predicting (seam.data_description()): class names, and what the
+    task's data needs (image size and channels, a table's statistics, a vocabulary); {} for a bare state dict."""
     return read_weights(Path(checkpoint))[1]
 
 
 def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> paddle.nn.Layer:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
-    num_classes: the network's outputs; by default the size of the last tensor of the saved weights
-    (the classifier's bias in most networks). build_model() gets the channels the checkpoint records,
-    if it takes them. A last.pdparams or best.pdparams run.py wrote.
+    num_classes: the network's outputs; by default the checkpoint's, or for bare weights the size of the last
+    tensor saved (the classifier's bias in most networks). build_model() gets what the checkpoint records that
+    it names as parameters (channels, a vocabulary's size, ...). A last.pdparams or best.pdparams run.py wrote.
     """
     return load_with_data(checkpoint, device, num_classes)[0]
 
@@ -56,7 +56,8 @@ def load_with_data(
     (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
     weights, data = read_weights(checkpoint)
-    model = build_model(num_classes or int(list(weights.values())[-1].shape[0]), **model_options(build_model, data))
+    num_classes = num_classes or data.get("num_classes") or int(list(weights.values())[-1].shape[0])
+    model = build_model(num_classes, **seam.model_options(build_model, data))
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in weights or list(weights[key].shape) != list(value.shape):
@@ -71,18 +72,9 @@ def load_with_data(
 
 
 @paddle.no_grad()
-def probabilities(model: paddle.nn.Layer, images, batch_size: int = 256) -> np.ndarray:
-    """Each image's class probabilities, the softmax of the model's outputs: float32 (N, classes)."""
+def predict(model: paddle.nn.Layer, batch) -> list:
+    """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
     place = next(iter(model.parameters())).place
-    batches = []
-    for start in range(0, len(images), batch_size):
-        batch = paddle.to_tensor(np.asarray(images[start : start + batch_size], dtype=np.float32), place=place)
-        batches.append(paddle.nn.functional.softmax(model(batch).astype("float32"), axis=1).numpy())
-    return np.concatenate(batches) if batches else np.zeros((0, 0), dtype=np.float32)
-
-
-def predict(model: paddle.nn.Layer, images, batch_size: int = 256) -> np.ndarray:
-    """The predicted class index of each image (an int64 array): float32 (N, C, H, W), numpy or tensors."""
-    if not len(images):
-        return np.zeros(0, dtype=np.int64)
-    return probabilities(model, images, batch_size).argmax(axis=1).astype(np.int64)
+    batch = loaders.to_device(batch, "cpu" if place.is_cpu_place() else f"gpu:{place.gpu_device_id()}")
+    with seam.calling("predict_step", batch):
+        return list(task.predict_step(model, batch))

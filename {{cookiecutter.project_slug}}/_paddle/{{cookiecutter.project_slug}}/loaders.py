@@ -1,4 +1,4 @@
-"""The data loaders: each rank its shard of the data, --batch-size samples per batch."""
+"""The data loaders: each rank its shard of the data, --batch-size samples per batch; batches to the device."""
 
 import itertools
 import multiprocessing
@@ -6,32 +6,17 @@ import os
 import sys
 import threading
 import traceback
-from pathlib import Path
+from collections.abc import Mapping
 
-from paddle.io import BatchSampler, DataLoader, Dataset, DistributedBatchSampler, Sampler
+import numpy as np
+import paddle
+from paddle.io import DataLoader, Dataset, DistributedBatchSampler
 
 from . import hardware
 from .child_processes import end_with_the_rank
+from .dealing import DealtBatches
 from .distributed import DistEnv
 from .errors import UserError
-
-
-class ShardSampler(Sampler):
-    """Rank r takes samples r, r + world, r + 2*world, ...: every sample exactly once, no padding.
-
-    DistributedBatchSampler pads shards to equal length with repeated samples,
-    which would count some validation samples twice.
-    """
-
-    def __init__(self, dataset_size: int, env: DistEnv):
-        super().__init__()
-        self.indices = range(env.rank, dataset_size, env.world_size)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 class ResumableSampler(DistributedBatchSampler):
@@ -60,7 +45,8 @@ class ResumableSampler(DistributedBatchSampler):
 def build_loaders(
     train_set: Dataset, val_set: Dataset, batch_size: int, workers: int | None, seed: int, env: DistEnv
 ) -> tuple[DataLoader, DataLoader]:
-    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch().
+    """Loaders of `batch_size` samples per process; the train sampler reshuffles with set_epoch(), the validation
+    loader deals whole batches (DistributedBatchSampler would pad with repeated samples, counted twice).
 
     `workers` None: chosen from the device and the cores this process may use (hardware.loader_workers()).
     The workers hand batches over in shared memory and stay alive across epochs (the two loaders never load
@@ -70,39 +56,32 @@ def build_loaders(
     if workers is None:
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
     train_loader = DataLoader(
-        train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **_options(workers)
+        train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **_options(train_set, workers)
     )
-    val_sampler = BatchSampler(sampler=ShardSampler(len(val_set), env), batch_size=batch_size)
-    val_loader = DataLoader(val_set, batch_sampler=val_sampler, **_options(-(-workers // 2)))
+    dealt = DealtBatches(len(val_set), batch_size, env.rank, env.world_size)
+    val_loader = DataLoader(val_set, batch_sampler=dealt, **_options(val_set, -(-workers // 2)))
     return train_loader, val_loader
 
 
-def _options(workers: int) -> dict:
+def _options(dataset: Dataset, workers: int) -> dict:
+    # A dataset may say how its samples make a batch (texts of different lengths, padded): its collate().
     return dict(
-        num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0, worker_init_fn=end_with_the_rank
-    )
+        num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0, worker_init_fn=end_with_the_rank,
+        collate_fn=getattr(dataset, "collate", None),
+    )  # fmt: skip
 
 
-class ImageFiles(Dataset):
-    """Images read by `read` (submission.image_reader()) from their paths: predict.py's, decoded in the workers."""
-
-    def __init__(self, paths: list[Path], read):
-        super().__init__()
-        self.paths, self.read = paths, read
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int):
-        return self.read(self.paths[index])
-
-
-def image_loader(paths: list[Path], read, batch_size: int, workers: int | None, env: DistEnv) -> DataLoader:
-    """The images of `paths` in their order, `batch_size` per batch; `workers` None: as build_loaders() chooses."""
-    threading.excepthook = _exit_when_a_loader_thread_fails  # an unreadable image would hang: see there
+def predict_loader(dataset: Dataset, batch_size: int, workers: int | None, env: DistEnv) -> DataLoader:
+    """predict.py's loader: this rank's whole batches of `dataset` (DealtBatches, its `batch_sampler`);
+    `workers` None: as build_loaders() chooses."""
+    threading.excepthook = _exit_when_a_loader_thread_fails  # an unreadable input would hang: see there
     if workers is None:
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
-    return DataLoader(ImageFiles(paths, read), batch_size=batch_size, num_workers=workers, use_shared_memory=True)
+    dealt = DealtBatches(len(dataset), batch_size, env.rank, env.world_size)
+    return DataLoader(
+        dataset, batch_sampler=dealt, num_workers=workers, use_shared_memory=True,
+        collate_fn=getattr(dataset, "collate", None),
+    )  # fmt: skip
 
 
 def train_sampler(loader: DataLoader) -> ResumableSampler:
@@ -134,3 +113,17 @@ def _exit_when_a_loader_thread_fails(failure, previous=threading.__excepthook__)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
+
+
+def to_device(batch, device: str):
+    """A batch of any structure (a tensor or numpy array, a tuple, a list, a dict, nested) with its arrays as
+    tensors on `device` ("cpu", "gpu:N"). Paddle's loaders put their tensors on the process's device already."""
+    if isinstance(batch, np.ndarray):
+        return paddle.to_tensor(batch, place=device)
+    if isinstance(batch, Mapping):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(to_device(value, device) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch

@@ -14,11 +14,9 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -219,22 +217,6 @@ def wrap_model(
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer as the training loop uses it: DDP needs no wrapper (Paddle's fleet does)."""
     return optimizer
-
-
-def to_device(batch, device: torch.device):
-    """A batch of any structure (a tensor or numpy array, a tuple, a list, a dict, nested) with its arrays as
-    tensors on `device`."""
-    if isinstance(batch, np.ndarray):
-        batch = torch.from_numpy(batch)
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return {key: to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(to_device(value, device) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(value, device) for value in batch)
-    return batch
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

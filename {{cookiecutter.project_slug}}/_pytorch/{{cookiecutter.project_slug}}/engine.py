@@ -52,7 +52,7 @@ def train_one_epoch(
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, batch in enumerate(batches, progress.step + 1):
-        batch = distributed.to_device(batch, env.device)
+        batch = loaders.to_device(batch, env.device)
         steps_now = step % grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
@@ -94,7 +94,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     dealt = loader.batch_sampler
     mine = []
     for number, batch in zip(dealt.numbers[:batches], loader, strict=False):
-        batch = distributed.to_device(batch, env.device)
+        batch = loaders.to_device(batch, env.device)
         with _autocast(env, amp_dtype), seam.calling("validation_step", batch):
             sums, per_sample = seam.validation_parts(task.validation_step(model, batch), batch)
         count = dealt.size_of(number)

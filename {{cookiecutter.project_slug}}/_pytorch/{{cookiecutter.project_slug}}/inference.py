@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import distributed, seam, task
+from . import loaders, seam, task
 from .checkpoint import BEST, LAST, read_weights
 from .errors import UserError
 from .model import build_model
@@ -69,6 +69,6 @@ def load_with_data(
 @torch.no_grad()
 def predict(model: torch.nn.Module, batch) -> list:
     """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
-    batch = distributed.to_device(batch, next(model.parameters()).device)
+    batch = loaders.to_device(batch, next(model.parameters()).device)
     with seam.calling("predict_step", batch):
         return list(task.predict_step(model, batch))

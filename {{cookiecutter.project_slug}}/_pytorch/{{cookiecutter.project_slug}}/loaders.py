@@ -1,7 +1,10 @@
-"""The data loaders: each rank its shard of the data, --batch-size samples per batch."""
+"""The data loaders: each rank its shard of the data, --batch-size samples per batch; batches to the device."""
 
 import itertools
+from collections.abc import Mapping
 
+import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from . import hardware
@@ -77,3 +80,19 @@ def predict_loader(dataset: Dataset, batch_size: int, workers: int | None, env: 
 def train_sampler(loader: DataLoader) -> ResumableSampler:
     """The training loader's ResumableSampler (a sampler of samples here, of batches in Paddle)."""
     return loader.sampler
+
+
+def to_device(batch, device: torch.device):
+    """A batch of any structure (a tensor or numpy array, a tuple, a list, a dict, nested) with its arrays as
+    tensors on `device`."""
+    if isinstance(batch, np.ndarray):
+        batch = torch.from_numpy(batch)
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(to_device(value, device) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch

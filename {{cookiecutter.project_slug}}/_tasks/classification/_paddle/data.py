@@ -1,4 +1,5 @@
-"""Datasets. Extension point: replace build_datasets() to train on your own data.
+"""Datasets. Extension point: replace build_datasets() to train on your own data, build_predict_set() to
+predict on new inputs.
 
 build_datasets(args) returns (train_set, val_set, num_classes); each set is a
 map-style paddle.io.Dataset of (image, class index) pairs. Sampling, sharding
@@ -9,13 +10,26 @@ Each set also says how its images were made, for checkpoints and predict.py:
 `std` (images are (pixel/255 - mean) / std). Set them on your own sets too.
 """
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import paddle
 from paddle.io import Dataset, TensorDataset
 
-from .images import VAL_FRACTION, describe, image_splits, load_image, option, synthetic_images
+from .errors import UserError
+from .images import (
+    IMAGE_EXTENSIONS,
+    MEAN,
+    STD,
+    VAL_FRACTION,
+    describe,
+    find_images,
+    image_splits,
+    load_image,
+    option,
+    synthetic_images,
+)
 
 IMAGE_SIZE = 16  # the default side images are resized to (--image-size): the sample digits are 8x8
 CHANNELS = 3  # the default --channels
@@ -57,3 +71,34 @@ def build_datasets(args) -> tuple[Dataset, Dataset, int]:
     train = ImageDataset(splits.train, splits.classes, size, channels)
     val = ImageDataset(splits.val, splits.classes, size, channels)
     return train, val, len(splits.classes)
+
+
+class ImageFiles(Dataset):
+    """Images read by `read` from their paths, without labels: predict.py's, decoded in the loader's workers."""
+
+    def __init__(self, paths: list[Path], read):
+        super().__init__()
+        self.paths, self.read = paths, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        return self.read(self.paths[index])
+
+
+def build_predict_set(source: Path, description: dict) -> tuple[Dataset, list[str]]:
+    """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), read
+    as training read its images (the checkpoint's `description`), and their names: paths relative to `source`,
+    sorted as strings (the CSV's order)."""
+    if not source.is_dir():
+        raise UserError(f"--input {source} is not a folder or an archive: pass a folder of images or an archive of them")
+    names = sorted(path.relative_to(source).as_posix() for path in find_images(source))
+    if not names:
+        raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
+    # A partial, not a lambda: loader workers that are spawned get it pickled.
+    read = functools.partial(
+        load_image, size=description.get("image_size") or IMAGE_SIZE, channels=description.get("channels") or CHANNELS,
+        mean=description.get("mean") or MEAN, std=description.get("std") or STD,
+    )  # fmt: skip
+    return ImageFiles([source / name for name in names], read), names

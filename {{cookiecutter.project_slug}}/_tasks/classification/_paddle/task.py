@@ -1,0 +1,57 @@
+"""The task: image classification. With model.py and data.py, the whole of what this project learns.
+
+Edit these functions (and the two constants) for a task of your own; the loops, checkpoints,
+predict.py and the notebook call nothing else. Every batch arrives as the loader made it
+(here a list: images, labels), already on the model's device, in the run's precision.
+"""
+
+import paddle
+import paddle.nn.functional as F
+
+from .submission import write_csv
+
+BEST_METRIC = "acc"  # the metric of metrics() that picks checkpoints/best.pdparams
+BEST_MODE = "max"  # "max": higher is better; "min": lower is better
+
+
+def training_loss(model, batch) -> paddle.Tensor:
+    """The batch's mean loss, a scalar: what training minimises."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels)
+
+
+def validation_step(model, batch) -> tuple[dict, dict]:
+    """What one validation batch adds: (sums, per_sample).
+
+    sums: numbers or arrays added over every batch of every rank (in float64), e.g. a count of
+    correct answers or a confusion matrix. per_sample: arrays whose first dimension is the
+    batch's samples, gathered in dataset order for metrics that need every sample (an AUC).
+    """
+    images, labels = batch
+    logits = model(images).astype("float32")
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    return {"loss": loss, "correct": (logits.argmax(axis=1) == labels.flatten()).astype("int64").sum()}, {}
+
+
+def metrics(sums: dict, per_sample: dict, count: int) -> dict:
+    """The validation metrics from the whole set's sums and per-sample arrays (numpy); `count` samples.
+    Must hold "loss" and BEST_METRIC; each becomes val_<name> in metrics.jsonl."""
+    return {"loss": sums["loss"] / count, "acc": sums["correct"] / count}
+
+
+def predict_step(model, batch) -> list:
+    """One row per input of the batch (predict.py's, the notebook's): the class index and its probability."""
+    probabilities = F.softmax(model(batch).astype("float32"), axis=1)
+    chance, label = probabilities.max(axis=1), probabilities.argmax(axis=1)
+    return list(zip(label.tolist(), chance.tolist(), strict=True))
+
+
+def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:
+    """predict.py's file from every input's row, in the order of `keys` (data.build_predict_set()'s), and its
+    path: a CSV `image,label` (--probabilities: and its probability), or in --sample-submission's form."""
+    output = output or "predictions.csv"
+    classes = description.get("classes")
+    labels = [classes[label] if classes else str(label) for label, _ in rows]
+    chances = [chance for _, chance in rows] if getattr(options, "probabilities", False) else None
+    write_csv(output, ["image", "label"], keys, labels, chances, getattr(options, "sample_submission", None))
+    return output
