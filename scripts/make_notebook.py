@@ -23,7 +23,7 @@ CELLS = [
 
 This notebook trains the project's model as you will while developing it: first one process inside
 this kernel (a quick debug), then 2 processes started from the kernel. Then it plots the metrics and
-lets the best checkpoint predict a few validation images.
+lets the best checkpoint predict the sample's validation inputs, as predict.py does.
 
 It runs top to bottom on a CPU in well under a minute. It needs `pip install -r requirements-notebook.txt`;
 headless: `jupyter nbconvert --to notebook --execute notebook.ipynb`. Each run of the notebook writes into a
@@ -32,12 +32,13 @@ new folder under `output/notebook/`, so running it again trains again.""",
     (
         "code",
         f"""import json
+from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 
-from {PACKAGE} import cli, inference, notebook
-from {PACKAGE}.data import build_datasets
+import predict
+from {PACKAGE} import cli, inference, notebook, task
+from {PACKAGE}.data import PREDICT_SAMPLE
 
 runs = notebook.fresh_output_dir()  # output/notebook/<date>-<time>/, new each time
 print("this run writes to", runs)""",
@@ -96,8 +97,9 @@ notebook.launch(["--epochs", "3", "--output-dir", str(run_dir)], nproc=2)""",
         "markdown",
         f"""## 3. The metrics
 
-Rank 0 appends one JSON line per epoch to `metrics.jsonl`: the losses, the validation accuracy, the
-number of processes, the samples seen. {TRACKER} shows the same numbers, and the training loss as it
+Rank 0 appends one JSON line per epoch to `metrics.jsonl`: the losses, the validation metrics of
+`task.py` (`val_<name>`; `task.BEST_METRIC` picks the best checkpoint), the number of processes, the
+samples seen. {TRACKER} shows the same numbers, and the training loss as it
 goes down: `{TRACKER_COMMAND} --logdir output/notebook` (`--no-tracking` turns that off).""",
     ),
     (
@@ -105,48 +107,43 @@ goes down: `{TRACKER_COMMAND} --logdir output/notebook` (`--no-tracking` turns t
         """records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 epochs = [record["epoch"] for record in records]
 
-fig, (loss_plot, accuracy_plot) = plt.subplots(1, 2, figsize=(10, 3.5))
+metric = f"val_{task.BEST_METRIC}"
+
+fig, (loss_plot, metric_plot) = plt.subplots(1, 2, figsize=(10, 3.5))
 loss_plot.plot(epochs, [record["train_loss"] for record in records], "o-", label="training")
 loss_plot.plot(epochs, [record["val_loss"] for record in records], "o-", label="validation")
 loss_plot.set(title="loss", xlabel="epoch", xticks=epochs)
 loss_plot.legend()
-accuracy_plot.plot(epochs, [record["val_acc"] for record in records], "o-")
-accuracy_plot.set(title="validation accuracy", xlabel="epoch", xticks=epochs, ylim=(0, 1))
+metric_plot.plot(epochs, [record[metric] for record in records], "o-")
+metric_plot.set(title=f"{metric} ({task.BEST_MODE} is best)", xlabel="epoch", xticks=epochs)
 plt.show()""",
     ),
     (
         "markdown",
         """## 4. The best checkpoint, predicting
 
-`inference.load_for_inference()` builds the model with the weights of the epoch with the best validation
-accuracy, and `inference.predict()` gives the class of each image. Below, a few validation images with
-their true class and the predicted one (in red where they differ).""",
+predict.py's job runs here in this process: the checkpoint of the epoch with the best validation metric
+predicts the sample's validation inputs (`PREDICT_SAMPLE` in `data.py`), and `task.write_predictions()`
+writes them in the task's submission form. In your own code, `inference.load_for_inference()` gives the
+model and `inference.predict(model, batch)` the rows of `task.predict_step()`.""",
     ),
     (
         "code",
-        """model = inference.load_for_inference(inference.checkpoint_path(run_dir, "best"))
-_, val_set, _ = build_datasets(cli.parse_args(["--output-dir", str(run_dir)]))
-picks = np.linspace(0, len(val_set) - 1, 8).astype(int)
-images = np.stack([np.asarray(val_set[int(i)][0], dtype=np.float32) for i in picks])
-truth = [int(val_set[int(i)][1]) for i in picks]
-predicted = inference.predict(model, images)
-
-# The images as the model sees them are (pixel/255 - mean) / std, shaped (channels, H, W): undo that to show them.
-mean, std = (np.asarray(value, dtype=np.float32).reshape(-1, 1, 1) for value in (val_set.mean, val_set.std))
-pictures = np.clip(images * std + mean, 0, 1).transpose(0, 2, 3, 1)
-fig, axes = plt.subplots(1, len(picks), figsize=(12, 2.2))
-for ax, picture, true, guess in zip(axes, pictures, truth, predicted, strict=True):
-    ax.imshow(picture.squeeze(), cmap="gray")  # (H, W, 1) to (H, W); the colour map applies to grey images only
-    title = f"true {val_set.classes[true]}\\npredicted {val_set.classes[guess]}"
-    ax.set_title(title, color="black" if true == guess else "red", fontsize=9)
-    ax.axis("off")
-plt.show()""",
+        """args = cli.parse_args(["--output-dir", str(run_dir)])
+predictions = run_dir / "predictions"
+predict.predict(cli.parse_predict_args([
+    "--checkpoint", str(inference.checkpoint_path(run_dir, "best")),
+    "--input", str(Path(args.data_dir) / PREDICT_SAMPLE), "--output", str(predictions),
+]))
+written = sorted(predictions.rglob("*")) if predictions.is_dir() else predictions.read_text().splitlines()
+print(*written[:6], sep="\\n")""",
     ),
     (
         "markdown",
         """## Next
 
-Change `model.py` (`build_model`) or `data.py` (`build_datasets`) and run the notebook again. For the real
+Change `model.py` (`build_model`), `data.py` (`build_datasets`) or `task.py` (the loss, the metrics, the
+predictions) and run the notebook again. For the real
 run, on all the GPUs of a machine or on several machines, use `bash run.sh` (see README.md).""",
     ),
 ]

@@ -46,6 +46,15 @@ LAUNCH_CASES = [{"framework": "pytorch", "launcher": launcher} for launcher in L
     for launcher in LAUNCHERS["paddle"]
     for api in QUESTIONS["paddle_api"]
 ]
+# Each task other than the default, once per framework and Paddle API: tasks are independent of launchers, so the
+# launcher matrix stays on the default task.
+TASKS = QUESTIONS["task"]
+TASK_CASES = [
+    {"framework": framework, "task": task, **({"paddle_api": api} if framework == "paddle" else {})}
+    for task in TASKS[1:]
+    for framework in ("pytorch", "paddle")
+    for api in (QUESTIONS["paddle_api"] if framework == "paddle" else [None])
+]
 # The project a new user of each framework bakes first: the recommended launcher, the basic API.
 RECOMMENDED_CASES = [
     answers

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import TEMPLATE, answers_id, run, tool_env, valid_answers
+from conftest import QUESTIONS, TASK_CASES, TEMPLATE, answers_id, run, tool_env, valid_answers
 from house import house_problems
 
 SHARED_PACKAGE = {
@@ -16,7 +16,6 @@ SHARED_PACKAGE = {
     "errors",
     "logs",
     "archive",
-    "images",
     "preemption",
     "state",
     "platforms",
@@ -30,13 +29,13 @@ SHARED_PACKAGE = {
     "workspace",
     "modelarts",
     "kernel_ranks",
+    "seam",
+    "dealing",
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
     "distributed",
     "checkpoint",
-    "data",
-    "model",
     "engine",
     "loaders",
     "tracking",
@@ -46,8 +45,6 @@ SHARED_TESTS = {
     "conftest.py",
     "test_archive.py",
     "test_cli.py",
-    "test_data.py",
-    "test_images.py",
     "test_logs.py",
     "test_preemption.py",
     "test_run.py",
@@ -55,7 +52,7 @@ SHARED_TESTS = {
     "test_platforms.py",
     "test_notebook.py",
     "test_tracking.py",
-    "test_predict.py",
+    "test_seam.py",
     "test_gpus.py",
     "test_global_batch.py",
     "test_on_gpu.py",
@@ -95,11 +92,25 @@ ROOT_FILES = {
     "slurm/train.sbatch",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
+# A task's own files: its three modules (the user's), its sample data, and its tests.
+TASK_PACKAGE = {"data", "model", "task"}
+SAMPLES = {"classification": "digits", "regression": "diabetes", "segmentation": "digit_masks", "text": "docstrings"}
+TASK_TESTS = {
+    "classification": {"test_data.py", "test_images.py", "test_predict.py"},
+    "regression": {"test_regression.py"},
+    "segmentation": {"test_segmentation.py"},
+    "text": {"test_text.py"},
+}
+IMAGE_TASKS = {"classification", "segmentation"}
 
 
 def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
+    task = answers.get("task", "classification")
     files = set(ROOT_FILES)
-    files |= {f"{slug}/{name}.py" for name in SHARED_PACKAGE | FRAMEWORK_PACKAGE}
+    files |= {f"{slug}/{name}.py" for name in SHARED_PACKAGE | FRAMEWORK_PACKAGE | TASK_PACKAGE}
+    if task in IMAGE_TASKS:
+        files.add(f"{slug}/images.py")
+    files |= {f"tests/{name}" for name in TASK_TESTS[task]}
     if answers["launcher"] != "spawn":
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
         if answers["framework"] == "paddle":
@@ -107,17 +118,18 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
     if answers["framework"] == "paddle" and answers["paddle_api"] == "highlevel":
         files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
-    if answers["dataset"] == "zip":
-        files.add("data/digits.zip")
+    if answers.get("dataset", "zip") == "zip":
+        files.add(f"data/{SAMPLES[task]}.zip")
     return files
 
 
 def project_files(project: Path) -> set[str]:
-    """Every file, except the unpacked sample images of dataset=folder (checked on their own)."""
+    """Every file, except the unpacked sample of dataset=folder (checked on its own)."""
     return {
         path.relative_to(project).as_posix()
         for path in project.rglob("*")
-        if path.is_file() and not path.relative_to(project).as_posix().startswith("data/digits/")
+        if path.is_file()
+        and not path.relative_to(project).as_posix().startswith(tuple(f"data/{name}/" for name in SAMPLES.values()))
     }
 
 
@@ -134,9 +146,18 @@ def bake_cases(answers_list: list[dict]) -> list:
 
 
 ALL_VALID = bake_cases([answers for framework in ("pytorch", "paddle") for answers in valid_answers(framework)])
+# Each other task with each dataset answer; in the fast tier, each task's first PyTorch bake.
+TASK_BAKES = [
+    pytest.param(answers, id=answers_id(answers), marks=[] if fast else [pytest.mark.slow])
+    for answers in (
+        {**case, "dataset": dataset} for dataset in QUESTIONS["dataset"] for case in TASK_CASES
+        if not (case.get("paddle_api") == "highlevel" and dataset != "zip")
+    )
+    for fast in [answers["framework"] == "pytorch" and answers["dataset"] == "zip"]
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("answers", ALL_VALID)
+@pytest.mark.parametrize("answers", ALL_VALID + TASK_BAKES)
 def test_every_valid_answer_bakes_a_clean_project(bake, answers):
     project = bake(**answers)
 

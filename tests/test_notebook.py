@@ -65,10 +65,13 @@ def test_the_notebook_runs_headless_trains_twice_plots_and_predicts(bake, answer
     assert [m["epoch"] for m in metrics] == [1, 2, 3] and {m["world_size"] for m in metrics} == {2}
     assert (two / "checkpoints" / BEST[answers["framework"]]).is_file()
     assert [p.name for p in (two / "logs").iterdir()] == ["rank1.log"]
-    # The metrics plot, and the predictions shown as pictures.
+    # The metrics plot, and predict.py's job on the validation images, in this kernel.
     pictures = [cell for cell in cells if any("image/png" in o.get("data", {}) for o in outputs(cell))]
-    assert len(pictures) == 2
-    assert "inference.predict(" in pictures[1].source
+    assert len(pictures) == 1 and 'f"val_{task.BEST_METRIC}"' in pictures[0].source
+    [predicted] = [cell for cell in cells if "predict.predict(" in cell.source]
+    assert "predicted 360 inputs" in text_of(predicted)
+    rows = (run_folder / "two-processes" / "predictions").read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "image,label" and len(rows) == 361
 
 
 def test_in_a_kernel_without_ipywidgets_the_training_cell_trains_with_a_text_bar(bake):

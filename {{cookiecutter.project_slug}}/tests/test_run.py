@@ -195,25 +195,35 @@ def test_a_diverging_loss_stops_every_rank_with_one_error_line_and_keeps_the_las
     assert math.isfinite(read_metrics(output_dir)[1]["train_loss"])
 
 
-SHIFTED_LOSS = """
+SHIFTED_TASK = """
 
-_build_loss = build_loss
+_training_loss, _metrics = training_loss, metrics
+BEST_METRIC, BEST_MODE = "shifted", "min"
 
 
-def build_loss():  # noqa: F811 - a test replaces the loss as a user would
-    loss = _build_loss()
-    return lambda logits, labels: loss(logits, labels) + 10.0
+def training_loss(model, batch):  # noqa: F811 - a test changes the task as a user would
+    return _training_loss(model, batch) + 10.0
+
+
+def metrics(sums, per_sample, count):  # noqa: F811
+    return {**_metrics(sums, per_sample, count), "shifted": sums["loss"] / count + 10.0}
 """
 
 
-def test_a_loss_of_your_own_in_model_py_is_the_loss_training_and_evaluation_use(project_root, tmp_path):
-    project = copy_of_project(project_root, tmp_path / "project", model=SHIFTED_LOSS)
+def test_a_task_of_your_own_in_task_py_is_what_training_evaluation_and_the_best_checkpoint_use(
+    project_root, tmp_path
+):
+    project = copy_of_project(project_root, tmp_path / "project", task=SHIFTED_TASK)
     output_dir = tmp_path / "output"
 
-    run([sys.executable, "run.py", "--synthetic", "--epochs", "1", "--output-dir", str(output_dir)], project, nproc=1)
+    result = run(
+        [sys.executable, "run.py", "--synthetic", "--epochs", "1", "--output-dir", str(output_dir)], project, nproc=1
+    )
 
     [epoch] = read_metrics(output_dir)
-    assert 10 < epoch["train_loss"] < 13 and 10 < epoch["val_loss"] < 13  # cross-entropy of 10 classes: 0 to ~2.3
+    assert 10 < epoch["train_loss"] < 13 and 10 < epoch["val_shifted"] < 13  # cross-entropy of 10 classes: 0 to ~2.3
+    assert epoch["val_shifted"] == pytest.approx(epoch["val_loss"] + 10.0)
+    assert f"done: best val_shifted {epoch['val_shifted']:.4f}; checkpoint: " in result.stdout
 
 
 def test_init_from_a_checkpoint_of_ten_classes_fine_tunes_on_three_and_lists_the_head_it_left(
@@ -260,9 +270,10 @@ def test_a_checkpoint_records_its_data_so_predicting_needs_nothing_else(project_
         "channels": 1,
         "mean": images.MEAN,
         "std": images.STD,
+        "num_classes": 10,
     }
-    labels = inference.predict(model, np.zeros((3, 1, 12, 12), dtype=np.float32))
-    assert labels.shape == (3,) and set(labels.tolist()) <= set(range(10))
+    rows = inference.predict(model, np.zeros((3, 1, 12, 12), dtype=np.float32))
+    assert len(rows) == 3 and all(label in range(10) and 0 < chance <= 1 for label, chance in rows)
 
 
 def test_plain_python_run_trains_in_one_process(project_root, tmp_path):

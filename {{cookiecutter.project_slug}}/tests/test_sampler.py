@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from {{ cookiecutter.project_slug }} import loaders
+from {{ cookiecutter.project_slug }}.dealing import DealtBatches
 
 
 def env_of(rank: int, world_size: int) -> SimpleNamespace:
@@ -40,11 +41,22 @@ def test_validation_shards_hold_every_sample_exactly_once_without_padding(size, 
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_shard_sampler_gives_every_index_once_for_odd_sizes(world_size):
+def test_dealt_batches_give_every_index_once_for_odd_sizes(world_size):
     for size in (0, 1, 2, 7, 11, 101):
-        shards = [list(loaders.ShardSampler(size, env_of(rank, world_size))) for rank in range(world_size)]
-        assert sorted(i for shard in shards for i in shard) == list(range(size))
-        assert sum(len(loaders.ShardSampler(size, env_of(r, world_size))) for r in range(world_size)) == size
+        dealt = [DealtBatches(size, 4, rank, world_size) for rank in range(world_size)]
+        assert sorted(i for batches in dealt for batch in batches for i in batch) == list(range(size))
+        assert sum(batches.size_of(number) for batches in dealt for number in batches.numbers) == size
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_each_validation_batch_is_the_same_whatever_the_number_of_processes(world_size):
+    size = 37  # no number of processes divides it, nor the batches
+    alone = list(DealtBatches(size, 5))
+    dealt = {number: batch for rank in range(world_size) for number, batch in zip(
+        DealtBatches(size, 5, rank, world_size).numbers, DealtBatches(size, 5, rank, world_size), strict=True)}  # fmt: skip
+
+    assert [dealt[number] for number in sorted(dealt)] == alone
+    assert alone[-1] == [35, 36]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -61,8 +61,8 @@ def assert_same_weights(left: dict, right: dict) -> None:
 
 def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
     """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
-    saver.state = TrainingState(epoch - 1, 0.0 if is_best else best_acc)
-    saver.end_epoch(epoch, best_acc if is_best else 0.0)
+    saver.state = TrainingState(epoch - 1, None if is_best else best_acc)
+    saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
 
 
 def test_last_checkpoint_is_weights_and_training_state_that_paddle_load_reads_and_the_data_in_json(tmp_path):
@@ -74,9 +74,9 @@ def test_last_checkpoint_is_weights_and_training_state_that_paddle_load_reads_an
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES
     assert_same_weights(weights_of(saver.model), paddle.load(str(tmp_path / "last.pdparams")))
     state = paddle.load(str(tmp_path / "last.pdopt"))
-    assert {"optimizer", "scaler", "epoch", "best_acc", "rng"} <= state.keys()
+    assert {"optimizer", "scaler", "epoch", "best_metric", "best_mode", "best_value", "rng"} <= state.keys()
     assert state["epoch"] == 3
-    assert state["best_acc"] == 0.5
+    assert (state["best_metric"], state["best_mode"], state["best_value"]) == ("acc", "max", 0.5)
     assert state["optimizer"]["LR_Scheduler"]["last_epoch"] == 3
     assert any(key.endswith("velocity_0") for key in state["optimizer"]), "momentum buffers are missing"
     assert saver.last_path == tmp_path / "last.pdparams"
@@ -130,8 +130,18 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
 
 
+def test_a_checkpoint_from_before_task_py_resumes_its_best_as_accuracy(tmp_path):
+    save_epoch(build_checkpointer(tmp_path), 2, 0.75, True)
+    older = {key: value for key, value in paddle.load(str(tmp_path / "last.pdopt")).items() if not key.startswith("best_")}
+    paddle.save({**older, "best_acc": 0.75}, str(tmp_path / "last.pdopt"))  # as the template wrote it before task.py
+
+    resumed = build_checkpointer(tmp_path).resume("auto")
+
+    assert resumed == TrainingState(2, 0.75, EpochProgress(), best_metric="acc", best_mode="max")
+
+
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, 0.0, EpochProgress())
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, None, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
@@ -139,7 +149,7 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
     fresh = build_checkpointer(tmp_path)
     weights = weights_of(fresh.model)
 
-    assert fresh.resume("none") == TrainingState(0, 0.0, EpochProgress())
+    assert fresh.resume("none") == TrainingState(0, None, EpochProgress())
     assert_same_weights(weights_of(fresh.model), weights)
 
 

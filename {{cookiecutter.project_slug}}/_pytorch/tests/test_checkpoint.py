@@ -57,8 +57,8 @@ def assert_same_tensors(left: dict, right: dict) -> None:
 
 def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
     """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
-    saver.state = TrainingState(epoch - 1, 0.0 if is_best else best_acc)
-    saver.end_epoch(epoch, best_acc if is_best else 0.0)
+    saver.state = TrainingState(epoch - 1, None if is_best else best_acc)
+    saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
 
 
 def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tmp_path):
@@ -68,9 +68,9 @@ def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tm
     save_epoch(saver, 3, 0.5, False)
 
     state = load(tmp_path / "last.pt")
-    assert {"model", "optimizer", "scheduler", "scaler", "epoch", "best_acc", "rng"} <= state.keys()
+    assert {"model", "optimizer", "scheduler", "scaler", "epoch", "best_metric", "best_mode", "best_value", "rng"} <= state.keys()
     assert state["epoch"] == 3
-    assert state["best_acc"] == 0.5
+    assert (state["best_metric"], state["best_mode"], state["best_value"]) == ("acc", "max", 0.5)
     assert_same_tensors(state["model"], saver.model.state_dict())
     assert state["optimizer"]["state"], "momentum buffers are missing"
     assert state["scheduler"]["last_epoch"] == 3
@@ -134,8 +134,18 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     assert resumer.optimizer.param_groups[0]["lr"] == saver.optimizer.param_groups[0]["lr"]
 
 
+def test_a_checkpoint_from_before_task_py_resumes_its_best_as_accuracy(tmp_path):
+    save_epoch(build_checkpointer(tmp_path), 2, 0.75, True)
+    older = {key: value for key, value in load(tmp_path / "last.pt").items() if not key.startswith("best_")}
+    torch.save({**older, "best_acc": 0.75}, tmp_path / "last.pt")  # as the template wrote it before task.py
+
+    resumed = build_checkpointer(tmp_path).resume("auto")
+
+    assert resumed == TrainingState(2, 0.75, EpochProgress(), best_metric="acc", best_mode="max")
+
+
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, 0.0, EpochProgress())
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, None, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
@@ -143,7 +153,7 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
     fresh = build_checkpointer(tmp_path)
     weights = {k: v.clone() for k, v in fresh.model.state_dict().items()}
 
-    assert fresh.resume("none") == TrainingState(0, 0.0, EpochProgress())
+    assert fresh.resume("none") == TrainingState(0, None, EpochProgress())
     assert_same_tensors(fresh.model.state_dict(), weights)
 
 
@@ -368,4 +378,4 @@ def test_a_gpu_checkpoint_predicts_on_the_cpu(tmp_path, monkeypatch):
 
     model = inference.load_for_inference(tmp_path / "last.pt", device="cpu")
 
-    assert inference.predict(model, images).tolist() == saver.model(images).argmax(dim=1).tolist()
+    assert [label for label, _ in inference.predict(model, images)] == saver.model(images).argmax(dim=1).tolist()

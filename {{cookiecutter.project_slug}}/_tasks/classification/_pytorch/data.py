@@ -32,6 +32,7 @@ from .images import (
 
 IMAGE_SIZE = 16  # the default side images are resized to (--image-size): the sample digits are 8x8
 CHANNELS = 3  # the default --channels
+PREDICT_SAMPLE = "val"  # what of the sample data (under --data-dir) the notebook lets predict.py predict
 SYNTHETIC_CLASSES = 10
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 

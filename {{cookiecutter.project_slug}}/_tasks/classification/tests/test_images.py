@@ -280,16 +280,6 @@ def test_synthetic_images_have_the_asked_channels_and_size():
     assert pixels.shape == (6, 1, 12, 12) and labels.shape == (6,)
 
 
-def test_data_description_falls_back_for_datasets_that_say_nothing():
-    assert images.data_description(object(), 2) == {
-        "classes": ["0", "1"],
-        "image_size": None,
-        "channels": None,
-        "mean": None,
-        "std": None,
-    }
-
-
 @pytest.mark.parametrize(
     "flag, value", [("--val-fraction", "0"), ("--val-fraction", "1"), ("--channels", "2"), ("--image-size", "0")]
 )
@@ -307,21 +297,3 @@ def test_data_flags_reach_args(tmp_path):
 
     assert (args.labels_csv, args.val_fraction, args.image_size, args.channels) == ("train.csv", 0.2, 32, 1)
     assert cli.parse_args([]).val_fraction == 0.1
-
-
-def test_model_options_fill_only_the_arguments_build_model_takes():
-    description = {"classes": ["a"], "image_size": 28, "channels": 1, "mean": 0.5, "std": 0.5}
-
-    def plain(num_classes):
-        return num_classes
-
-    def with_channels(num_classes, channels=3):
-        return num_classes, channels
-
-    def with_both(num_classes, channels=3, image_size=16):
-        return num_classes, channels, image_size
-
-    assert images.model_options(plain, description) == {}
-    assert images.model_options(with_channels, description) == {"channels": 1}
-    assert with_both(2, **images.model_options(with_both, description)) == (2, 1, 28)
-    assert images.model_options(with_both, {**description, "channels": None}) == {"image_size": 28}

@@ -185,7 +185,7 @@ def test_synthetic_data_follows_image_size_and_channels(size, channels):
 
 
 def test_the_sets_carry_what_a_checkpoint_records(sample_dir):
-    from {{ cookiecutter.project_slug }}.images import data_description
+    from {{ cookiecutter.project_slug }}.seam import data_description
 
     train, val, num_classes = data.build_datasets(args_for("--data-dir", str(sample_dir), "--channels", "1"))
 
@@ -197,6 +197,7 @@ def test_the_sets_carry_what_a_checkpoint_records(sample_dir):
         "channels": 1,
         "mean": 0.5,
         "std": 0.5,
+        "num_classes": 10,
     }
 
 

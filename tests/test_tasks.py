@@ -1,0 +1,115 @@
+"""Slow tier: every task other than the default, baked and trained with 2 processes, once per framework and
+Paddle API (the launcher matrix stays on the default task). One job per task is shared by all its checks."""
+
+import filecmp
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import TASK_CASES, answers_id, run
+from test_training import read_metrics, train
+
+pytestmark = pytest.mark.slow
+
+# Each task's sample: its best metric and direction, the validation set's size, and what predict.py takes.
+TASKS = {
+    "regression": {"metric": "rmse", "mode": "min", "val": 89, "input": "data/diabetes/val.csv", "output": "p.csv"},
+    "segmentation": {
+        "metric": "miou", "mode": "max", "val": 360, "input": "data/digit_masks/val/images", "output": "masks",
+    },
+    "text": {"metric": "auc", "mode": "max", "val": 205, "input": "data/docstrings/val.csv", "output": "p.csv"},
+}  # fmt: skip
+READ_BEST = {
+    "pytorch": "import json, sys, torch; s = torch.load(sys.argv[1] + '/best.pt', weights_only=True); ",
+    "paddle": "import json, sys, paddle; s = paddle.load(sys.argv[1] + '/best.pdopt'); ",
+}
+
+
+def best_checkpoint(project: Path, framework: str, output: Path) -> dict:
+    """The best checkpoint's epoch and its best_* keys, read as a user would, in a fresh interpreter."""
+    code = READ_BEST[framework] + (
+        "print(json.dumps({key: s[key] for key in ('epoch', 'best_metric', 'best_mode', 'best_value')}))"
+    )
+    result = run(["python", "-c", code, str(output / "checkpoints")], project)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def best_epoch(metrics: list[dict], name: str, mode: str) -> dict:
+    """The epoch metrics.jsonl says is best: the first of the best values in the task's direction."""
+    pick = min if mode == "min" else max
+    best = pick(record[f"val_{name}"] for record in metrics if math.isfinite(record[f"val_{name}"]))
+    return next(record for record in metrics if record[f"val_{name}"] == best)
+
+
+@pytest.fixture(scope="module", params=TASK_CASES, ids=answers_id)
+def task_job(request, cookies_session, tmp_path_factory):
+    """A baked project of the task, trained 3 epochs on 2 processes into `output`."""
+    answers = request.param
+    result = cookies_session.bake(extra_context=answers)
+    assert result.exit_code == 0, result.exception
+    project, output = Path(result.project_path), tmp_path_factory.mktemp("task") / "out"
+    trained = train(project, "--epochs", "3", "--output-dir", str(output))
+    return answers, project, output, trained
+
+
+def test_a_task_trains_on_its_sample_with_every_validation_sample_once_and_names_its_metric(task_job):
+    answers, project, output, trained = task_job
+    task = TASKS[answers["task"]]
+
+    metrics = read_metrics(output)
+    assert [record["epoch"] for record in metrics] == [1, 2, 3]
+    assert all(record["val_samples"] == task["val"] and f"val_{task['metric']}" in record for record in metrics)
+    best = best_epoch(metrics, task["metric"], task["mode"])
+    done = [line for line in trained.stdout.splitlines() if "done: best" in line][-1]
+    assert f"done: best val_{task['metric']} {best[f'val_{task["metric"]}']:.4f}; checkpoint: " in done
+
+
+def test_best_is_the_epoch_best_in_the_tasks_direction_and_a_resume_keeps_it(task_job):
+    answers, project, output, _ = task_job
+    task = TASKS[answers["task"]]
+    saved = best_checkpoint(project, answers["framework"], output)
+
+    best = best_epoch(read_metrics(output), task["metric"], task["mode"])
+    assert (saved["best_metric"], saved["best_mode"]) == (task["metric"], task["mode"])
+    assert saved["epoch"] == best["epoch"]
+    assert saved["best_value"] == pytest.approx(best[f"val_{task['metric']}"], rel=1e-9)
+
+
+def test_the_last_checkpoint_evaluated_by_1_or_3_processes_gives_the_metrics_of_its_2_process_epoch(task_job):
+    answers, project, output, _ = task_job
+    epoch_3 = read_metrics(output)[-1]
+
+    for processes in (1, 3):
+        result = run(["bash", "run.sh", "--evaluate", "--output-dir", str(output)], project,
+                     NPROC_PER_NODE=str(processes))  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        evaluated = json.loads((output / "eval.json").read_text(encoding="utf-8"))
+        assert f"eval: val_loss {evaluated['val_loss']:.4f}" in result.stdout
+        assert evaluated["val_samples"] == epoch_3["val_samples"] == TASKS[answers["task"]]["val"]
+        for name, value in evaluated.items():
+            if name.startswith("val_"):
+                assert value == pytest.approx(epoch_3[name], rel=1e-6, abs=1e-12), (processes, name)
+    assert len(read_metrics(output)) == 3  # evaluating trained and logged nothing
+
+
+def test_predictions_of_1_and_2_processes_are_the_same_bytes(task_job, tmp_path):
+    answers, project, output, _ = task_job
+    task = TASKS[answers["task"]]
+    best = output / "checkpoints" / ("best.pt" if answers["framework"] == "pytorch" else "best.pdparams")
+
+    written = {}
+    for processes in (1, 2):
+        target = tmp_path / str(processes) / task["output"]
+        result = run(["bash", "predict.sh", "--checkpoint", str(best), "--input", task["input"], "--output",
+                      str(target)], project, NPROC_PER_NODE=str(processes))  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        written[processes] = target
+    if written[1].is_dir():
+        files = sorted(path.relative_to(written[1]) for path in written[1].rglob("*") if path.is_file())
+        assert len(files) == task["val"]
+        assert filecmp.cmpfiles(written[1], written[2], files, shallow=False)[0] == files
+    else:
+        assert written[1].read_bytes() == written[2].read_bytes()
+        assert len(written[1].read_text(encoding="utf-8").splitlines()) == task["val"] + 1

@@ -1,0 +1,135 @@
+"""The seam to the user's three files, framework-free: best.* by the metric and direction task.py states, one-line
+errors for a task that cannot work, metrics combined in batch order, and what the data description passes on."""
+
+import logging
+import math
+
+import numpy as np
+import pytest
+
+from {{ cookiecutter.project_slug }} import seam
+from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.state import TrainingState
+
+
+def bests(values: list[float], metric: str = "rmse", mode: str = "min") -> list[bool]:
+    """finish_epoch()'s verdict for each epoch's value of `metric`, in order."""
+    state = TrainingState(best_metric=metric, best_mode=mode)
+    return [state.finish_epoch(epoch, {"loss": 1.0, metric: value}) for epoch, value in enumerate(values, 1)]
+
+
+def test_a_min_metric_is_best_when_lower_and_a_tie_keeps_the_earlier_epoch():
+    assert bests([60.0, 55.0, 57.0, 55.0, 54.0]) == [True, True, False, False, True]
+
+
+def test_a_max_metric_is_best_when_higher():
+    assert bests([0.5, 0.4, 0.7], metric="auc", mode="max") == [True, False, True]
+
+
+def test_a_value_that_is_not_finite_is_never_best_and_is_said(caplog):
+    with caplog.at_level(logging.INFO):
+        verdicts = bests([math.nan, 0.6, math.inf, 0.5], metric="auc", mode="max")
+
+    assert verdicts == [False, True, False, False]
+    said = [record.getMessage() for record in caplog.records if "not a number to compare" in record.getMessage()]
+    assert len(said) == 2 and "val_auc is nan at epoch 1" in said[0]
+
+
+def test_a_best_chosen_by_another_metric_starts_afresh_on_resume(caplog):
+    resumed = TrainingState(epochs_done=3, best_value=0.9, best_metric="acc", best_mode="max")
+
+    with caplog.at_level(logging.INFO):
+        resumed.choose_best_by("rmse", "min")
+
+    assert (resumed.best_metric, resumed.best_mode, resumed.best_value) == ("rmse", "min", None)
+    assert "chosen by val_acc (max) and is now chosen by val_rmse (min)" in caplog.text
+
+
+class Task:
+    BEST_METRIC, BEST_MODE = "acc", "max"
+
+    @staticmethod
+    def metrics(sums, per_sample, count):
+        return {"loss": sums["loss"] / count, "acc": sums["correct"] / count}
+
+
+@pytest.mark.parametrize(
+    "metric, mode, message",
+    [
+        ("", "max", "BEST_METRIC is ''"),
+        ("acc", "maximum", "BEST_MODE is 'maximum': set it to 'max' (higher is better) or 'min'"),
+        ("acc", None, "BEST_MODE is None"),
+    ],
+)
+def test_a_task_whose_best_metric_or_direction_is_not_stated_is_one_line(metric, mode, message):
+    task = type("Broken", (), {"BEST_METRIC": metric, "BEST_MODE": mode})
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        seam.check_task(task)
+
+
+def test_metrics_without_the_best_metric_are_one_line_naming_the_function():
+    task = type("Broken", (Task,), {"BEST_METRIC": "f1"})
+    with pytest.raises(UserError, match=r"task.metrics\(\) returned \['acc', 'loss'\], without 'f1'"):
+        seam.metrics_of(task, [(0, {"loss": 1.0, "correct": 3.0}, {})], 4)
+
+
+def test_sums_add_in_batch_order_and_per_sample_values_come_back_in_dataset_order():
+    task = type("Gathering", (Task,), {"metrics": staticmethod(lambda sums, per_sample, count: {
+        "loss": float(sums["loss"]), "acc": 0.0, "order": float("".join(map(str, per_sample["index"])))})})  # fmt: skip
+    # As two ranks deal them: rank 0 batches 0 and 2, rank 1 batch 1; gathered rank by rank.
+    parts = [(0, {"loss": 1.0}, {"index": np.array([1, 2])}), (2, {"loss": 3.0}, {"index": np.array([5])}),
+             (1, {"loss": 2.0}, {"index": np.array([3, 4])})]  # fmt: skip
+
+    assert seam.metrics_of(task, parts, 5) == {"loss": 6.0, "acc": 0.0, "order": 12345.0}
+
+
+@pytest.mark.parametrize(
+    "batch, structure",
+    [
+        ((np.zeros((4, 3)), np.zeros(4)), "tuple(ndarray[4, 3], ndarray[4])"),
+        ({"input_ids": np.zeros((2, 7)), "labels": [1, 2]}, "{'input_ids': ndarray[2, 7], 'labels': list(int, int)}"),
+    ],
+)
+def test_a_batch_the_task_cannot_read_is_one_line_naming_the_function_and_the_batch(batch, structure):
+    def training_loss(model, batch):
+        images, labels, extra = batch  # expects three parts
+        return images
+
+    with pytest.raises(UserError) as error, seam.calling("training_loss", batch):
+        training_loss(None, batch)
+    assert str(error.value).startswith(f"task.training_loss() failed on a batch of {structure} (ValueError: ")
+
+
+def test_a_loss_that_is_not_a_scalar_is_one_line():
+    with pytest.raises(UserError, match=r"returned ndarray\[8\] for a batch of ndarray\[8, 2\]: it must return"):
+        seam.checked_loss(np.zeros(8), np.zeros((8, 2)))
+
+
+def test_the_data_description_falls_back_for_datasets_that_say_nothing():
+    assert seam.data_description(object(), 2) == {"classes": ["0", "1"], "num_classes": 2}
+
+
+def test_a_datasets_own_description_is_kept_as_it_is_with_the_class_count():
+    table = type("Table", (), {"description": {"columns": ["age", "bmi"], "mean": [50.0, 26.0]}})()
+
+    assert seam.data_description(table, 1) == {
+        "columns": ["age", "bmi"], "mean": [50.0, 26.0], "classes": ["0"], "num_classes": 1,
+    }  # fmt: skip
+
+
+def test_model_options_fill_only_the_arguments_build_model_takes():
+    description = {"classes": ["a"], "image_size": 28, "channels": 1, "vocab_size": 900, "num_classes": 1}
+
+    def plain(num_classes):
+        return num_classes
+
+    def with_channels(num_classes, channels=3):
+        return num_classes, channels
+
+    def for_text(num_classes, vocab_size):
+        return num_classes, vocab_size
+
+    assert seam.model_options(plain, description) == {}
+    assert seam.model_options(with_channels, description) == {"channels": 1}
+    assert for_text(2, **seam.model_options(for_text, description)) == (2, 900)
+    assert seam.model_options(with_channels, {**description, "channels": None}) == {}
