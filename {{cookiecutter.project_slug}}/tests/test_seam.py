@@ -110,7 +110,8 @@ def test_the_data_description_falls_back_for_datasets_that_say_nothing():
 
 
 def test_a_datasets_own_description_is_kept_as_it_is_with_the_class_count():
-    table = type("Table", (), {"description": {"columns": ["age", "bmi"], "mean": [50.0, 26.0]}})()
+    description = {"columns": ["age", "bmi"], "mean": [50.0, 26.0]}
+    table = type("Table", (), {"description": description})()
 
     assert seam.data_description(table, 1) == {
         "columns": ["age", "bmi"], "mean": [50.0, 26.0], "classes": ["0"], "num_classes": 1,

@@ -121,7 +121,8 @@ class MetricsLog:
 def validation_record(val_stats: dict) -> dict:
     """val_loss first, then val_<name> for each other metric, in the task's order."""
     metrics = {name: value for name, value in val_stats.items() if name != "samples"}
-    return {"val_loss": metrics.pop("loss"), **{f"val_{name}": value for name, value in metrics.items()}}
+    named = {f"val_{name}": value for name, value in metrics.items() if name != "loss"}
+    return {"val_loss": metrics["loss"], **named}
 
 
 def _numbers(record: dict) -> str:
