@@ -30,7 +30,6 @@ from .workspace import SAMPLE_ARCHIVE, SAMPLE_DATA_DIR
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 DONE_MARKER = ".extracted"
 STAGING = ".partial"
 LOCK = ".lock"

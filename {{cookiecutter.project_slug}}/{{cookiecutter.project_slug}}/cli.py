@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import workspace
-from .archive import ARCHIVE_SUFFIXES
 from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK, SAMPLE
-from .workspace import PROJECT_ROOT, SAMPLE_DATA_DIR
+from .workspace import ARCHIVE_SUFFIXES, PROJECT_ROOT, SAMPLE_DATA_DIR
 
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05

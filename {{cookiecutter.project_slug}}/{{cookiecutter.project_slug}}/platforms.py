@@ -341,7 +341,8 @@ def main(argv: list[str]) -> None:
     # A bad flag stops here, before any process starts.
     if script == "predict.py":
         args = cli.parse_predict_args(argv)
-        output_dir = str(Path(args.output).resolve().parent)  # where its CSV goes
+        # Where its output goes: without --output, the task's default name in the working folder.
+        output_dir = str(Path(args.output).resolve().parent) if args.output else os.getcwd()
     else:
         args = cli.parse_args(argv, quiet=True)
         output_dir = args.output_dir

@@ -6,10 +6,11 @@ import functools
 import hashlib
 import os
 import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from . import archive
 from .errors import UserError
+from .workspace import ARCHIVE_SUFFIXES
 
 PROBABILITY = "probability"
 
@@ -23,7 +24,7 @@ def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | 
         return archive.dataset_root(source), None
     if not source.is_file():
         raise UserError(f"--input {source} not found: pass the file, folder or archive to predict")
-    if not source.name.lower().endswith(archive.ARCHIVE_SUFFIXES):
+    if not source.name.lower().endswith(ARCHIVE_SUFFIXES):
         return source, None
     key = hashlib.sha1(f"{source.resolve()} {archive.archive_identity(source)}".encode()).hexdigest()[:12]
     target = Path(tempfile.gettempdir()) / f"predict-{key}"
@@ -35,13 +36,14 @@ def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | 
 
 def write_csv(
     output: str, header: list[str], names: list[str], labels: list, probabilities: list[float] | None = None,
-    sample: str | None = None,
+    sample: str | None = None, ids: list[str] | None = None,
 ) -> None:
     """The CSV, written whole to a temporary name first: `header` then a `name,label` row each, or the form of a
-    sample submission (`sample`)."""
+    sample submission (`sample`), whose ID column names each input by its entry of `ids` (default: its name)."""
     if sample:
-        header, order = sample_form(Path(sample), names)
-        rows = [[_id(names[index]), labels[index]] for index in order]
+        ids = [str(input_id) for input_id in ids or names]
+        header, order = sample_form(Path(sample), names, ids)
+        rows = [[ids[index], labels[index]] for index in order]
         probabilities = [probabilities[index] for index in order] if probabilities else None
     else:
         rows = [[name, label] for name, label in zip(names, labels, strict=True)]
@@ -58,8 +60,9 @@ def write_csv(
     os.replace(temporary, path)
 
 
-def sample_form(sample: Path, names: list[str]) -> tuple[list[str], list[int]]:
-    """The sample submission's header (ID column, label column), and for each of its rows the input it names."""
+def sample_form(sample: Path, names: list[str], ids: list[str]) -> tuple[list[str], list[int]]:
+    """The sample submission's header (ID column, label column), and for each of its rows the input it names by
+    its ID (`ids`, one per input of `names`)."""
     if not sample.is_file():
         raise UserError(f"--sample-submission {sample} not found")
     with open(sample, newline="", encoding="utf-8-sig") as file:
@@ -67,21 +70,14 @@ def sample_form(sample: Path, names: list[str]) -> tuple[list[str], list[int]]:
     if not table or len(table[0]) != 2:
         raise UserError(f"--sample-submission {sample}: expected a header of two columns (ID, label), got {table[:1]}")
     by_id: dict[str, int] = {}
-    for index, name in enumerate(names):
-        other = by_id.setdefault(_id(name), index)
+    for index, (name, input_id) in enumerate(zip(names, ids, strict=True)):
+        other = by_id.setdefault(input_id, index)
         if other != index:
-            raise UserError(
-                f"images {names[other]} and {name} have the same ID {_id(name)!r} for --sample-submission: "
-                "an ID is an image's file name without its extension"
-            )
-    ids = [row[0] for row in table[1:]]
-    missing = [image_id for image_id in ids if image_id not in by_id]
+            raise UserError(f"inputs {names[other]} and {name} have the same ID {input_id!r} for --sample-submission")
+    wanted = [row[0] for row in table[1:]]
+    missing = [input_id for input_id in wanted if input_id not in by_id]
     if missing:
         raise UserError(
-            f"{len(missing)} of the {len(ids)} IDs of {sample} have no image in --input (the first: {missing[0]!r})"
+            f"{len(missing)} of the {len(wanted)} IDs of {sample} have no input in --input (the first: {missing[0]!r})"
         )
-    return table[0], [by_id[image_id] for image_id in ids]
-
-
-def _id(name: str) -> str:
-    return PurePosixPath(name).stem
+    return table[0], [by_id[input_id] for input_id in wanted]

@@ -13,6 +13,7 @@ from .settings import SAMPLE
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / SAMPLE
 SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / f"{SAMPLE}.zip"  # in dataset=zip projects; extracted when first read
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE names another (tests)
 
 

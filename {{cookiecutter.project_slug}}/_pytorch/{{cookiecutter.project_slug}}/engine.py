@@ -81,37 +81,43 @@ def train_one_epoch(
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
-def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None, batches: int | None = None) -> dict:
+def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> dict:
     """task.metrics() over the whole validation set, and its size ("samples"), in the training's precision.
 
     The loader deals whole batches to the ranks (loaders.DealtBatches): each batch is the same
-    whatever the number of processes, each sample counted once. `batches`: only this rank's
-    first few (a check of the task before training), counting only those.
+    whatever the number of processes, each sample counted once.
     """
     # The unwrapped model: ranks run different numbers of batches, and DDP's forward would wait for the others.
     model = distributed.unwrap(model)
     model.eval()
     dealt = loader.batch_sampler
-    mine = []
-    for number, batch in zip(dealt.numbers[:batches], loader, strict=False):
-        batch = loaders.to_device(batch, env.device)
-        with _autocast(env, amp_dtype), seam.calling("validation_step", batch):
-            sums, per_sample = seam.validation_parts(task.validation_step(model, batch), batch)
-        count = dealt.size_of(number)
-        mine.append((number, seam.as_float64(sums, _numpy), seam.as_arrays(per_sample, _numpy, count)))
-    if batches is not None:
-        return seam.metrics_of(task, mine, sum(dealt.size_of(number) for number, _, _ in mine))
+    mine = [_contribution(model, batch, number, dealt, env, amp_dtype) for number, batch in zip(dealt.numbers, loader)]
     # One collective after the loop (ranks have different numbers of batches): every rank gets every batch's part.
     everyone = [part for rank in distributed.all_gather_object(mine) for part in rank]
     return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}
 
 
+@torch.no_grad()
 def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> None:
     """task.validation_step() and metrics() on this rank's first validation batch, before training: a metric
     they miss, or a batch they cannot read, ends the run now in one line (training_loss() meets its first batch
-    at the first step)."""
-    if loader.batch_sampler.numbers:
-        evaluate(model, loader, env, amp_dtype, batches=1)
+    at the first step). The batch is made here, not by the loader, whose workers keep their place."""
+    dealt = loader.batch_sampler
+    if not dealt.numbers:
+        return
+    model = distributed.unwrap(model)
+    model.eval()
+    number = dealt.numbers[0]
+    batch = loader.collate_fn([loader.dataset[index] for index in dealt.indices(number)])
+    seam.metrics_of(task, [_contribution(model, batch, number, dealt, env, amp_dtype)], dealt.size_of(number))
+
+
+def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str | None) -> tuple:
+    """Batch `number`'s (number, sums, per-sample values) from task.validation_step(), in numpy."""
+    batch = loaders.to_device(batch, env.device)
+    with _autocast(env, amp_dtype), seam.calling("validation_step", batch):
+        sums, per_sample = seam.validation_parts(task.validation_step(model, batch), batch)
+    return number, seam.as_float64(sums, _numpy), seam.as_arrays(per_sample, _numpy, dealt.size_of(number))
 
 
 def _numpy(value) -> np.ndarray:

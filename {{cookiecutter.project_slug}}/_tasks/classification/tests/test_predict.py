@@ -133,7 +133,7 @@ def test_an_id_without_an_image_ends_in_one_line_and_writes_nothing(project_root
 
     assert result.returncode == 1
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: 1 of the 1 IDs of {sample} have no image in --input (the first: 'no-such-image')"
+        f"error: 1 of the 1 IDs of {sample} have no input in --input (the first: 'no-such-image')"
     ]
     assert not output.exists()
 
