@@ -61,9 +61,10 @@ def test_a_task_trains_on_its_sample_with_every_validation_sample_once_and_names
     metrics = read_metrics(output)
     assert [record["epoch"] for record in metrics] == [1, 2, 3]
     assert all(record["val_samples"] == task["val"] and f"val_{task['metric']}" in record for record in metrics)
+    name = f"val_{task['metric']}"
     best = best_epoch(metrics, task["metric"], task["mode"])
     done = [line for line in trained.stdout.splitlines() if "done: best" in line][-1]
-    assert f"done: best val_{task['metric']} {best[f'val_{task["metric"]}']:.4f}; checkpoint: " in done
+    assert f"done: best {name} {best[name]:.4f}; checkpoint: " in done
 
 
 def test_best_is_the_epoch_best_in_the_tasks_direction_and_a_resume_keeps_it(task_job):

@@ -26,7 +26,8 @@ def predict(args) -> None:
         # Whole batches dealt to the processes: each input's batch, so its prediction, is the same on any number.
         loader = loaders.predict_loader(inputs, args.batch_size, args.workers, env)
         mine = []
-        for number, batch in zip(loader.batch_sampler.numbers, logs.progress_bar(loader, env.is_main, "predict")):
+        batches = logs.progress_bar(loader, env.is_main, "predict")
+        for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
             mine += zip(loader.batch_sampler.indices(number), inference.predict(model, batch), strict=True)
         gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
         rows = [row for _, row in sorted(gathered, key=lambda part: part[0])]

@@ -145,7 +145,9 @@ def report_evaluation(output_dir: Path, val_stats: dict, is_main: bool, checkpoi
         temporary = path.with_name(f".{path.name}.tmp")
         temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         temporary.replace(path)
-    numbers = _numbers({name: value for name, value in record.items() if name.startswith("val_") and name != "val_samples"})
+    numbers = _numbers(
+        {name: value for name, value in record.items() if name.startswith("val_") and name != "val_samples"}
+    )
     PACKAGE_LOGGER.info("eval: %s (%d samples; %s)", numbers, val_stats["samples"], checkpoint)
 
 

@@ -2,7 +2,6 @@
 CSV file a competition takes."""
 
 import csv
-import functools
 import hashlib
 import os
 import tempfile
@@ -35,8 +34,13 @@ def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | 
 
 
 def write_csv(
-    output: str, header: list[str], names: list[str], labels: list, probabilities: list[float] | None = None,
-    sample: str | None = None, ids: list[str] | None = None,
+    output: str,
+    header: list[str],
+    names: list[str],
+    labels: list,
+    probabilities: list[float] | None = None,
+    sample: str | None = None,
+    ids: list[str] | None = None,
 ) -> None:
     """The CSV, written whole to a temporary name first: `header` then a `name,label` row each, or the form of a
     sample submission (`sample`), whose ID column names each input by its entry of `ids` (default: its name)."""

@@ -58,9 +58,8 @@ def train(args) -> None:
         scaler = engine.grad_scaler(amp_dtype)
 
         output_dir = Path(args.output_dir)
-        checkpoints = Checkpointer(
-            output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, (task.BEST_METRIC, task.BEST_MODE)
-        )
+        best = (task.BEST_METRIC, task.BEST_MODE)  # what picks best.*
+        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, best)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained

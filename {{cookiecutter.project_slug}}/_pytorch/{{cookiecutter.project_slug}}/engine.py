@@ -91,7 +91,10 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     model = distributed.unwrap(model)
     model.eval()
     dealt = loader.batch_sampler
-    mine = [_contribution(model, batch, number, dealt, env, amp_dtype) for number, batch in zip(dealt.numbers, loader)]
+    mine = [
+        _contribution(model, batch, number, dealt, env, amp_dtype)
+        for number, batch in zip(dealt.numbers, loader, strict=True)
+    ]
     # One collective after the loop (ranks have different numbers of batches): every rank gets every batch's part.
     everyone = [part for rank in distributed.all_gather_object(mine) for part in rank]
     return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}

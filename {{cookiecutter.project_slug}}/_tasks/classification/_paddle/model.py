@@ -34,4 +34,3 @@ def build_model(num_classes: int, channels: int = 3) -> nn.Layer:
 def build_optimizer(model: nn.Layer, lr: float) -> paddle.optimizer.Optimizer:
     """Momentum SGD at --lr; run.py puts the cosine schedule on top of whatever this returns."""
     return paddle.optimizer.Momentum(learning_rate=lr, momentum=0.9, parameters=model.parameters())
-

@@ -89,7 +89,9 @@ def build_predict_set(source: Path, description: dict) -> tuple[Dataset, list[st
     as training read its images (the checkpoint's `description`), and their names: paths relative to `source`,
     sorted as strings (the CSV's order)."""
     if not source.is_dir():
-        raise UserError(f"--input {source} is not a folder or an archive: pass a folder of images or an archive of them")
+        raise UserError(
+            f"--input {source} is not a folder or an archive: pass a folder of images or an archive of them"
+        )
     names = sorted(path.relative_to(source).as_posix() for path in find_images(source))
     if not names:
         raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")

@@ -28,4 +28,3 @@ def build_model(num_classes: int, channels: int = 3) -> nn.Module:
 def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """SGD with momentum at --lr; run.py puts the cosine schedule on top of whatever this returns."""
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-
