@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import QUESTIONS, TASK_CASES, TEMPLATE, answers_id, run, tool_env, valid_answers
+from conftest import QUESTIONS, TASK_CASES, TEMPLATE, answers_id, pre_gen, run, tool_env, valid_answers
 from house import house_problems
 
 SHARED_PACKAGE = {
@@ -92,11 +92,12 @@ ROOT_FILES = {
     "slurm/train.sbatch",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
+RECOMMENDED = pre_gen.RECOMMENDED
 # A task's own files: its three modules (the user's), its sample data, and its tests.
 TASK_PACKAGE = {"data", "model", "task"}
 SAMPLES = {"classification": "digits", "regression": "diabetes", "segmentation": "digit_masks", "text": "docstrings"}
 TASK_TESTS = {
-    "classification": {"test_data.py", "test_images.py", "test_predict.py"},
+    "classification": {"test_data.py", "test_images.py", "test_images_run.py", "test_predict.py"},
     "regression": {"test_regression.py"},
     "segmentation": {"test_segmentation.py"},
     "text": {"test_text.py"},
@@ -111,11 +112,11 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
     if task in IMAGE_TASKS:
         files.add(f"{slug}/images.py")
     files |= {f"tests/{name}" for name in TASK_TESTS[task]}
-    if answers["launcher"] != "spawn":
+    if answers.get("launcher", RECOMMENDED[answers["framework"]]) != "spawn":
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
         if answers["framework"] == "paddle":
             files.add("tests/test_launcher.py")  # the job's status that paddle's launcher gets wrong
-    if answers["framework"] == "paddle" and answers["paddle_api"] == "highlevel":
+    if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":
         files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
     if answers.get("dataset", "zip") == "zip":

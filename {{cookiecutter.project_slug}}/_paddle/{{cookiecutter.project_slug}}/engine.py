@@ -13,6 +13,7 @@ import random
 
 import numpy as np
 import paddle
+import paddle.distributed as dist
 from paddle.io import DataLoader
 from paddle.io.dataloader.collate import default_collate_fn
 
@@ -91,6 +92,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     """
     # The unwrapped model: ranks run different numbers of batches, and only training needs the wrapper.
     model = distributed.unwrap(model)
+    _rank_0s_buffers(model, env)
     model.eval()
     dealt = loader.batch_sampler
     mine = [
@@ -116,6 +118,14 @@ def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = 
     collate = loader.collate_fn or default_collate_fn
     batch = collate([loader.dataset[index] for index in dealt.indices(number)])
     seam.metrics_of(task, [_contribution(model, batch, number, dealt, env, amp_dtype)], dealt.size_of(number))
+
+
+def _rank_0s_buffers(model, env: DistEnv) -> None:
+    """Rank 0's buffers on every rank: batch norm's running statistics, which each rank's own batches moved, while
+    the checkpoint keeps rank 0's; so every rank evaluates the model that is saved."""
+    if env.world_size > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str | None) -> tuple:

@@ -12,6 +12,7 @@ import random
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from . import distributed, hardware, loaders, seam, task
@@ -89,6 +90,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     """
     # The unwrapped model: ranks run different numbers of batches, and DDP's forward would wait for the others.
     model = distributed.unwrap(model)
+    _rank_0s_buffers(model, env)
     model.eval()
     dealt = loader.batch_sampler
     mine = [
@@ -113,6 +115,14 @@ def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = 
     number = dealt.numbers[0]
     batch = loader.collate_fn([loader.dataset[index] for index in dealt.indices(number)])
     seam.metrics_of(task, [_contribution(model, batch, number, dealt, env, amp_dtype)], dealt.size_of(number))
+
+
+def _rank_0s_buffers(model, env: DistEnv) -> None:
+    """Rank 0's buffers on every rank: batch norm's running statistics, which each rank's own batches moved, while
+    the checkpoint keeps rank 0's; so every rank evaluates the model that is saved."""
+    if env.world_size > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str | None) -> tuple:
