@@ -43,9 +43,13 @@ def best_epoch(metrics: list[dict], name: str, mode: str) -> dict:
     return next(record for record in metrics if record[f"val_{name}"] == best)
 
 
-@pytest.fixture(scope="module", params=TASK_CASES, ids=answers_id)
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(case, id=answers_id(case), marks=pytest.mark.xdist_group(answers_id(case))) for case in TASK_CASES],
+)  # fmt: skip
 def task_job(request, cookies_session, tmp_path_factory):
-    """A baked project of the task, trained 3 epochs on 2 processes into `output`."""
+    """A baked project of the task, trained 3 epochs on 2 processes into `output` (its checks share one test
+    process: the xdist group of the case)."""
     answers = request.param
     result = cookies_session.bake(extra_context=answers)
     assert result.exit_code == 0, result.exception
@@ -80,7 +84,8 @@ def test_best_is_the_epoch_best_in_the_tasks_direction_and_a_resume_keeps_it(tas
 
 def test_the_last_checkpoint_evaluated_by_1_or_3_processes_gives_the_metrics_of_its_2_process_epoch(task_job):
     answers, project, output, _ = task_job
-    epoch_3 = read_metrics(output)[-1]
+    recorded = read_metrics(output)
+    epoch_3 = recorded[2]
 
     for processes in (1, 3):
         result = run(["bash", "run.sh", "--evaluate", "--output-dir", str(output)], project,
@@ -92,7 +97,7 @@ def test_the_last_checkpoint_evaluated_by_1_or_3_processes_gives_the_metrics_of_
         for name, value in evaluated.items():
             if name.startswith("val_"):
                 assert value == pytest.approx(epoch_3[name], rel=1e-6, abs=1e-12), (processes, name)
-    assert len(read_metrics(output)) == 3  # evaluating trained and logged nothing
+    assert read_metrics(output) == recorded  # evaluating trained and logged nothing
 
 
 def test_predictions_of_1_and_2_processes_are_the_same_bytes(task_job, tmp_path):
@@ -114,3 +119,23 @@ def test_predictions_of_1_and_2_processes_are_the_same_bytes(task_job, tmp_path)
     else:
         assert written[1].read_bytes() == written[2].read_bytes()
         assert len(written[1].read_text(encoding="utf-8").splitlines()) == task["val"] + 1
+
+
+def test_a_resume_keeps_the_best_and_an_epoch_that_is_no_better_leaves_it_where_it_was(task_job):
+    """Epoch 4 at learning rate 0: the weights stay, so it scores what epoch 3 scored (segmentation's batch norm
+    statistics still move) and best.* stays at the best of epochs 1-3; for regression, a min metric, that is
+    exactly a tie, and the best epoch is not the last."""
+    answers, project, output, _ = task_job
+    task = TASKS[answers["task"]]
+    before = best_checkpoint(project, answers["framework"], output)
+
+    train(project, "--epochs", "4", "--lr", "0", "--output-dir", str(output))
+
+    metrics, name = read_metrics(output), f"val_{task['metric']}"
+    assert [record["epoch"] for record in metrics] == [1, 2, 3, 4]
+    after = best_checkpoint(project, answers["framework"], output)
+    best = best_epoch(metrics, task["metric"], task["mode"])
+    assert after["epoch"] == best["epoch"] and after["best_value"] == pytest.approx(best[name], rel=1e-9)
+    if answers["task"] != "segmentation":
+        assert metrics[3][name] == pytest.approx(metrics[2][name], rel=1e-9)
+        assert after == before and after["epoch"] < 4

@@ -133,4 +133,5 @@ def test_model_options_fill_only_the_arguments_build_model_takes():
     assert seam.model_options(plain, description) == {}
     assert seam.model_options(with_channels, description) == {"channels": 1}
     assert for_text(2, **seam.model_options(for_text, description)) == (2, 900)
-    assert seam.model_options(with_channels, {**description, "channels": None}) == {}
+    assert seam.model_options(with_channels, {**description, "channels": None}) == {}  # not known: the default
+    assert seam.model_options(lambda num_classes, target_mean=1.0: None, {"target_mean": 0.0}) == {"target_mean": 0.0}

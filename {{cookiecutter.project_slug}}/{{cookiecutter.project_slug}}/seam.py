@@ -162,4 +162,4 @@ def model_options(build_model, description: dict) -> dict:
     number of features, ...): build_model(num_classes) stays the extension point, and gets what it asks for by
     name."""
     accepted = inspect.signature(build_model).parameters
-    return {name: description[name] for name in accepted if name != "num_classes" and description.get(name)}
+    return {name: description[name] for name in accepted if name != "num_classes" and description.get(name) is not None}

@@ -104,6 +104,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}
 
 
+@out_of_memory_is_a_user_error(MemoryError)
 @paddle.no_grad()
 def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> None:
     """task.validation_step() and metrics() on this rank's first validation batch, before training: a metric
@@ -122,10 +123,11 @@ def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = 
 
 def _rank_0s_buffers(model, env: DistEnv) -> None:
     """Rank 0's buffers on every rank: batch norm's running statistics, which each rank's own batches moved, while
-    the checkpoint keeps rank 0's; so every rank evaluates the model that is saved."""
+    the checkpoint keeps rank 0's; so every rank evaluates the model that is saved. Paddle keeps them as
+    parameters that take no gradient, not as buffers."""
     if env.world_size > 1:
-        for buffer in model.buffers():
-            dist.broadcast(buffer, src=0)
+        for tensor in [*model.buffers(), *(parameter for parameter in model.parameters() if parameter.stop_gradient)]:
+            dist.broadcast(tensor, src=0)
 
 
 def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str | None) -> tuple:

@@ -102,6 +102,7 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}
 
 
+@out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
 def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> None:
     """task.validation_step() and metrics() on this rank's first validation batch, before training: a metric
