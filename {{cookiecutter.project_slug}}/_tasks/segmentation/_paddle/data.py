@@ -1,0 +1,249 @@
+"""Datasets. Extension point: replace build_datasets() to train on your own data, build_predict_set() to
+predict on new inputs.
+
+build_datasets(args) returns (train_set, val_set, num_classes); each set is a map-style paddle.io.Dataset
+of (image [channels, S, S] float32, mask [S, S] int64) pairs, S = --image-size. Sampling,
+sharding across ranks and batching are done for you in loaders.build_loaders().
+
+The data folder (--data-dir) holds images/ and masks/: for images/a/b.jpg the mask is
+masks/a/b.png, a PNG whose pixels are class indices (0 = background). val/images/ and
+val/masks/ are the validation split; without them --val-fraction of the images are held
+out. Images are resized bilinearly, masks by nearest neighbour (an index is never blended).
+
+The training set's `description` says how images were read (`image_size`, `channels`, `mean`,
+`std`: images are (pixel/255 - mean) / std) and names the classes: checkpoints keep it for predict.py.
+"""
+
+import functools
+import logging
+from pathlib import Path
+
+import numpy as np
+import paddle
+from paddle.io import Dataset, TensorDataset
+from PIL import Image
+
+from .archive import dataset_root, extract_sample_for
+from .errors import UserError
+from .images import (
+    IMAGE_EXTENSIONS,
+    MEAN,
+    STD,
+    VAL_FRACTION,
+    UnreadableImage,
+    find_images,
+    load_image,
+    option,
+    val_count,
+)
+
+log = logging.getLogger(__name__)
+
+IMAGE_SIZE = 32  # the default side images and masks are resized to (--image-size): the sample's own
+CHANNELS = 3  # the default --channels
+PREDICT_SAMPLE = "val/images"  # what of the sample data (under --data-dir) the notebook lets predict.py predict
+MAX_CLASSES = 256  # predicted masks are 8-bit PNGs
+# Modes whose pixels are class indices: grey, palette (a palette PNG's pixels are its indices), 1-bit, integer.
+MASK_MODES = ("L", "P", "1", "I", "I;16")
+SYNTHETIC_CLASSES = 3  # background, dim squares, bright squares
+SYNTHETIC_TRAIN, SYNTHETIC_VAL = 1024, 256
+
+Pair = tuple[Path, Path]  # (image, its mask)
+
+
+class SegmentationDataset(Dataset):
+    """Image files and their masks, read with Pillow when asked for."""
+
+    def __init__(self, pairs: list[Pair], image_size: int, channels: int):
+        super().__init__()
+        self.pairs, self.image_size, self.channels = pairs, image_size, channels
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        image, mask = self.pairs[index]
+        pixels = load_image(image, self.image_size, self.channels, MEAN, STD)
+        return pixels, resize_nearest(read_mask(mask), self.image_size)
+
+
+def build_datasets(args) -> tuple[Dataset, Dataset, int]:
+    size, channels = option(args, "image_size", IMAGE_SIZE), option(args, "channels", CHANNELS)
+    if args.synthetic:
+        images, masks = synthetic_masks(SYNTHETIC_TRAIN + SYNTHETIC_VAL, size, args.seed, channels)
+        # On the CPU, as images read from files would be: the loader moves each batch to the device.
+        images, masks = paddle.to_tensor(images, place="cpu"), paddle.to_tensor(masks, place="cpu")
+        train = TensorDataset([images[:SYNTHETIC_TRAIN], masks[:SYNTHETIC_TRAIN]])
+        val = TensorDataset([images[SYNTHETIC_TRAIN:], masks[SYNTHETIC_TRAIN:]])
+        return describe(train, SYNTHETIC_CLASSES, size, channels), val, SYNTHETIC_CLASSES
+    train_pairs, val_pairs = mask_splits(args.data_dir, option(args, "val_fraction", VAL_FRACTION), args.seed)
+    num_classes = count_classes(train_pairs, val_pairs, option(args, "num_classes", None))
+    train = SegmentationDataset(train_pairs, size, channels)
+    return describe(train, num_classes, size, channels), SegmentationDataset(val_pairs, size, channels), num_classes
+
+
+def describe(dataset, num_classes: int, image_size: int, channels: int):
+    """What a checkpoint keeps about the images (see the module's docstring), on `dataset`; return it."""
+    dataset.description = {
+        "classes": [str(index) for index in range(num_classes)],
+        "image_size": image_size, "channels": channels, "mean": MEAN, "std": STD,
+    }  # fmt: skip
+    return dataset
+
+
+def mask_splits(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
+    """The (image, mask) pairs for training and for validation: val/ if there is one, else a held-out part."""
+    extract_sample_for(data_dir)
+    root = dataset_root(data_dir, lambda folder: (folder / "images").is_dir())
+    if not (root / "images").is_dir():
+        raise UserError(
+            f"data folder {root / 'images'} not found: --data-dir needs images/ and masks/ inside (and val/images/, "
+            "val/masks/ for validation), or one folder holding them"
+        )
+    train = find_pairs(root / "images", root / "masks")
+    if (root / "val" / "images").is_dir():
+        return train, find_pairs(root / "val" / "images", root / "val" / "masks")
+    held = val_count(len(train), val_fraction)
+    if not held:
+        raise UserError(f"no validation images to hold out from {len(train)} in {root / 'images'}: add val/images/")
+    # Its own generator: the same images held out on every rank and every run for a seed.
+    chosen = set(np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF).permutation(len(train))[:held].tolist())
+    log.info("no val/ split: %d of %d images held out (--val-fraction %g)", held, len(train), val_fraction)
+    return [pair for i, pair in enumerate(train) if i not in chosen], [train[i] for i in sorted(chosen)]
+
+
+def find_pairs(images_dir: Path, masks_dir: Path) -> list[Pair]:
+    """Every image under `images_dir` with its mask: the same relative path under `masks_dir`, suffix .png."""
+    if not masks_dir.is_dir():
+        raise UserError(f"masks folder {masks_dir} not found: each image of {images_dir} needs a mask there")
+    images = by_stem(find_images(images_dir), images_dir)
+    masks = by_stem([path for path in find_images(masks_dir) if path.suffix.lower() == ".png"], masks_dir)
+    if not images:
+        raise UserError(f"no images found in {images_dir} ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    for stem, mask in masks.items():
+        if stem not in images:
+            raise UserError(f"mask {mask} has no image: expected {images_dir / stem}.<png, jpg, ...>")
+    for stem, image in images.items():
+        if stem not in masks:
+            raise UserError(f"image {image} has no mask: expected {masks_dir / stem}.png")
+    return [(images[stem], masks[stem]) for stem in sorted(images)]
+
+
+def by_stem(paths: list[Path], root: Path, clash: str = "which one goes with the mask is unclear") -> dict[str, Path]:
+    """Files by their path relative to `root` without the suffix ("a/b"): the name an image and its mask share."""
+    found: dict[str, Path] = {}
+    for path in paths:
+        stem = path.relative_to(root).with_suffix("").as_posix()
+        if stem in found:
+            raise UserError(f"{found[stem]} and {path} differ only in their suffix: {clash}; rename one")
+        found[stem] = path
+    return found
+
+
+def count_classes(train: list[Pair], val: list[Pair], asked: int | None) -> int:
+    """--num-classes, or the largest index in the training masks plus one; every mask read once, checked."""
+    largest = {mask: checked_mask(image, mask).max() for image, mask in [*train, *val]}
+    num_classes = asked or int(max(largest[mask] for _, mask in train)) + 1
+    if num_classes > MAX_CLASSES:
+        raise UserError(f"{num_classes} classes: masks are 8-bit, at most {MAX_CLASSES} classes")
+    for _, mask in [*train, *val]:
+        if largest[mask] >= num_classes:
+            raise UserError(
+                f"mask {mask} holds class index {largest[mask]}, but there are {num_classes} classes "
+                f"({'--num-classes' if asked else 'the largest index in the training masks plus one'}): "
+                "fix the mask, or pass --num-classes"
+            )
+    return num_classes
+
+
+def checked_mask(image: Path, mask: Path) -> np.ndarray:
+    """The mask's class indices, which must be as large as its image."""
+    indices = read_mask(mask)
+    width, height = image_size(image)
+    if indices.shape != (height, width):
+        raise UserError(
+            f"mask {mask} is {indices.shape[1]}x{indices.shape[0]} pixels, its image {image} {width}x{height}: "
+            "a mask must be as large as its image"
+        )
+    return indices
+
+
+def read_mask(path: Path) -> np.ndarray:
+    """A mask's class indices as an int64 array (height, width), as stored: never converted or interpolated."""
+    try:
+        with Image.open(path) as image:
+            mode = image.mode
+            indices = np.asarray(image, dtype=np.int64) if mode in MASK_MODES else None
+    except Exception as error:  # whatever Pillow raises for a damaged file
+        raise UnreadableImage(f"mask {path} cannot be read ({type(error).__name__}): replace or delete it") from None
+    if indices is None:
+        raise UserError(
+            f"mask {path} is a {mode} image: a mask holds one class index per pixel (a grey 'L' or palette 'P' PNG)"
+        )
+    return indices
+
+
+def resize_nearest(indices: np.ndarray, size: int) -> np.ndarray:
+    """`indices` resized to size x size, each pixel the index nearest its centre."""
+    height, width = indices.shape
+    rows = ((np.arange(size) + 0.5) * height / size).astype(np.int64)
+    columns = ((np.arange(size) + 0.5) * width / size).astype(np.int64)
+    return np.ascontiguousarray(indices[rows][:, columns])
+
+
+def synthetic_masks(count: int, size: int, seed: int, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Noisy images of one to three squares anywhere, dim (class 1) or bright (class 2), and their masks."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.normal(0.0, 0.05, (count, size, size))
+    masks = np.zeros((count, size, size), dtype=np.int64)
+    for index in range(count):
+        for _ in range(rng.integers(1, 4)):
+            side = int(rng.integers(max(1, size // 8), max(2, size // 3) + 1))
+            top, left = rng.integers(0, size - side + 1, 2)
+            label = int(rng.integers(1, SYNTHETIC_CLASSES))
+            pixels[index, top : top + side, left : left + side] += label / (SYNTHETIC_CLASSES - 1)
+            masks[index, top : top + side, left : left + side] = label
+    images = ((np.clip(pixels, 0.0, 1.0) - MEAN) / STD).astype(np.float32)
+    return np.repeat(images[:, None], channels, axis=1), masks
+
+
+class ImageFiles(Dataset):
+    """Images read by `read` from their paths, without masks: predict.py's, decoded in the loader's workers."""
+
+    def __init__(self, paths: list[Path], read):
+        super().__init__()
+        self.paths, self.read = paths, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        return self.read(self.paths[index])
+
+
+def build_predict_set(source: Path, description: dict) -> tuple[Dataset, list[tuple[str, tuple[int, int]]]]:
+    """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), read
+    as training read its images (the checkpoint's `description`), and their keys: (path relative to `source`,
+    (width, height) of the image as it is), sorted by path: each predicted mask goes back to that size."""
+    if not source.is_dir():
+        raise UserError(f"--input {source} is not a folder or an archive: pass a folder of images, or an archive")
+    paths = find_images(source)
+    if not paths:
+        raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
+    by_stem(paths, source, "both would be predicted into the same mask file")
+    names = sorted(path.relative_to(source).as_posix() for path in paths)
+    # A partial, not a lambda: loader workers that are spawned get it pickled.
+    read = functools.partial(
+        load_image, size=description.get("image_size") or IMAGE_SIZE, channels=description.get("channels") or CHANNELS,
+        mean=description.get("mean") or MEAN, std=description.get("std") or STD,
+    )  # fmt: skip
+    return ImageFiles([source / name for name in names], read), [(name, image_size(source / name)) for name in names]
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) of an image, from its header."""
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except Exception as error:  # whatever Pillow raises for a damaged file
+        raise UnreadableImage(f"image {path} cannot be read ({type(error).__name__}): replace or delete it") from None

@@ -1,0 +1,77 @@
+"""The task: image segmentation, a class for every pixel. With model.py and data.py, the whole of what this
+project learns.
+
+Edit these functions (and the two constants) for a task of your own; the loops, checkpoints,
+predict.py and the notebook call nothing else. Every batch arrives as the loader made it
+(here a list: images [B, C, S, S], masks [B, S, S] of class indices), already on the model's
+device, in the run's precision.
+"""
+
+import os
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from PIL import Image
+
+from .errors import UserError
+
+BEST_METRIC = "miou"  # the metric of metrics() that picks checkpoints/best.pdparams
+BEST_MODE = "max"  # "max": higher is better; "min": lower is better
+
+
+def training_loss(model, batch) -> paddle.Tensor:
+    """The batch's mean loss, a scalar: the cross-entropy of every pixel, averaged."""
+    images, masks = batch
+    return F.cross_entropy(model(images), masks, axis=1)
+
+
+def validation_step(model, batch) -> tuple[dict, dict]:
+    """What one validation batch adds, as sums (over every batch of every rank): each image's mean pixel loss,
+    and the confusion matrix of the pixels (row: the true class, column: the predicted one)."""
+    images, masks = batch
+    logits = model(images).astype("float32")
+    num_classes = logits.shape[1]
+    losses = F.cross_entropy(logits, masks, axis=1, reduction="none").reshape([masks.shape[0], -1]).mean(axis=1)
+    pairs = masks.flatten() * num_classes + logits.argmax(axis=1).flatten()
+    confusion = paddle.bincount(pairs, minlength=num_classes * num_classes).reshape([num_classes, num_classes])
+    return {"loss": losses.sum(), "confusion": confusion}, {}
+
+
+def metrics(sums: dict, per_sample: dict, count: int) -> dict:
+    """The validation metrics from the whole set's sums (numpy); `count` images. "miou": the mean over the
+    classes present in the truth or the prediction of intersection / union; "pixel_acc": pixels right."""
+    confusion = sums["confusion"]
+    hits = np.diag(confusion)
+    unions = confusion.sum(axis=0) + confusion.sum(axis=1) - hits
+    present = unions > 0
+    return {
+        "loss": sums["loss"] / count,
+        "miou": float(np.mean(hits[present] / unions[present])),
+        "pixel_acc": hits.sum() / confusion.sum(),
+    }
+
+
+def predict_step(model, batch) -> list:
+    """One row per image of the batch: its mask as predicted, the class index of each pixel (uint8 [S, S])."""
+    return list(model(batch).argmax(axis=1).astype("uint8").numpy())
+
+
+def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:
+    """predict.py's masks, one 8-bit PNG per image, each pixel its class index, at the image's own size, the
+    image's relative path with the suffix .png, in the folder `output` (default predictions/); its path."""
+    if getattr(options, "sample_submission", None):
+        raise UserError("--sample-submission is for CSV predictions: segmentation writes a folder of masks")
+    folder = Path(output or "predictions")
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--output {folder} is a file: segmentation writes a folder of masks, name a folder")
+    for (name, size), indices in zip(keys, rows, strict=True):
+        path = folder / PurePosixPath(name).with_suffix(".png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Nearest neighbour, as the training masks were read: an index is never blended with its neighbours'.
+        mask = Image.fromarray(np.asarray(indices, dtype=np.uint8)).resize(size, Image.NEAREST)
+        temporary = path.with_name(f".{path.name}.tmp")  # a stopped run leaves no half-written mask
+        mask.save(temporary, format="PNG")
+        os.replace(temporary, path)
+    return str(folder)
