@@ -121,6 +121,18 @@ def test_predictions_of_1_and_2_processes_are_the_same_bytes(task_job, tmp_path)
         assert len(written[1].read_text(encoding="utf-8").splitlines()) == task["val"] + 1
 
 
+def test_the_tasks_own_tests_pass_in_its_baked_project(task_job):
+    """The task's part of the baked suite (the rest is the default task's, which test_training.py runs whole)."""
+    answers, project, _, _ = task_job
+
+    result = run(
+        ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/test_{answers['task']}.py"], project
+    )
+
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert " passed" in result.stdout.splitlines()[-1] and "failed" not in result.stdout.splitlines()[-1]
+
+
 def test_a_resume_keeps_the_best_and_an_epoch_that_is_no_better_leaves_it_where_it_was(task_job):
     """Epoch 4 at learning rate 0: the weights stay, so it scores what epoch 3 scored (segmentation's batch norm
     statistics still move) and best.* stays at the best of epochs 1-3; for regression, a min metric, that is

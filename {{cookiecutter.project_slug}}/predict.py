@@ -10,7 +10,7 @@ import shutil
 
 from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, submission, task
 from {{ cookiecutter.project_slug }}.data import build_predict_set
-from {{ cookiecutter.project_slug }}.errors import explain_user_errors
+from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors
 
 
 @explain_user_errors
@@ -32,10 +32,16 @@ def predict(args) -> None:
         gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
         rows = [row for _, row in sorted(gathered, key=lambda part: part[0])]
 
+        problem = None
         if env.is_main:
-            written = task.write_predictions(args.output, keys, rows, description, args)
-            log.info("predicted %d inputs of %s with %s: %s", len(keys), args.input, args.checkpoint, written)
-        distributed.barrier()  # every process is done with the inputs
+            try:
+                written = task.write_predictions(args.output, keys, rows, description, args)
+                log.info("predicted %d inputs of %s with %s: %s", len(keys), args.input, args.checkpoint, written)
+            except UserError as error:  # a bad --output or --sample-submission: every process ends with its line
+                problem = str(error)
+        problem = distributed.share_from_main(problem, "rank 0's predictions")  # every process is done with inputs
+        if problem:
+            raise UserError(problem, shown=env.is_main)
         if extracted is not None and env.is_main:
             shutil.rmtree(extracted, ignore_errors=True)
     finally:
