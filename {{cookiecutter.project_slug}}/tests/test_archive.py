@@ -428,17 +428,13 @@ def test_junk_entries_are_checked_like_any_other(tmp_path):
     assert not (tmp_path / "outside").exists()
 
 
-def has_train(folder: Path) -> bool:
-    return (folder / "train").is_dir()
-
-
 def test_an_archive_with_one_top_folder_reads_from_inside_it(tmp_path):
     wrapped = {f"mydata/{name}": content for name, content in LAYOUT.items()}
     source = write_zip(tmp_path / "mydata.zip", {**wrapped, **JUNK, "__MACOSX/mydata/._train": b"\x00"})
     target = tmp_path / "data"
     extract(source, target)
 
-    root = archive.dataset_root(target, has_train)
+    root = archive.dataset_root(target, "train")
 
     assert root == target / "mydata"
     assert files_under(root) == LAYOUT
@@ -449,7 +445,7 @@ def test_a_lone_train_folder_at_the_root_is_not_unwrapped(tmp_path):
     target = tmp_path / "data"
     extract(source, target)
 
-    assert archive.dataset_root(target, has_train) == target
+    assert archive.dataset_root(target, "train") == target
     assert archive.dataset_root(target) == target / "train"  # without a layout to look for, any lone folder is
 
 
@@ -458,9 +454,9 @@ def test_a_root_with_two_top_folders_or_without_the_layout_is_left_as_it_is(tmp_
         (tmp_path / "two" / folder).mkdir(parents=True)
     (tmp_path / "other" / "c/images").mkdir(parents=True)
 
-    assert archive.dataset_root(tmp_path / "two", has_train) == tmp_path / "two"
-    assert archive.dataset_root(tmp_path / "other", has_train) == tmp_path / "other"
-    assert archive.dataset_root(tmp_path / "missing", has_train) == tmp_path / "missing"
+    assert archive.dataset_root(tmp_path / "two", "train") == tmp_path / "two"
+    assert archive.dataset_root(tmp_path / "other", "train") == tmp_path / "other"
+    assert archive.dataset_root(tmp_path / "missing", "train") == tmp_path / "missing"
 
 
 def test_files_beside_the_top_folder_do_not_stop_it_being_unwrapped(tmp_path):
@@ -468,7 +464,7 @@ def test_files_beside_the_top_folder_do_not_stop_it_being_unwrapped(tmp_path):
     (tmp_path / "data/README.txt").write_text("about this data")
     (tmp_path / "data/Thumbs.db").write_bytes(b"junk")
 
-    assert archive.dataset_root(tmp_path / "data", has_train) == tmp_path / "data/mydata"
+    assert archive.dataset_root(tmp_path / "data", "train") == tmp_path / "data/mydata"
 
 
 def test_without_a_layout_only_a_folder_holding_nothing_but_one_folder_is_unwrapped(tmp_path):

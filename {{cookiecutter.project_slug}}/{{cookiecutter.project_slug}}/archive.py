@@ -19,7 +19,6 @@ import shutil
 import sys
 import tarfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path, PurePath, PurePosixPath
 
 from filelock import FileLock, Timeout
@@ -117,26 +116,26 @@ def is_junk(path: str | PurePath) -> bool:
     return name.startswith("._") or name.lower() in JUNK_FILES
 
 
-def dataset_root(folder: str | Path, has_layout: Callable[[Path], bool] | None = None) -> Path:
+def dataset_root(folder: str | Path, marker: str | Path | None = None) -> Path:
     """The folder to read the data from: `folder` itself, or the one top-level folder it wraps.
 
-    `folder` is used as it is when it has the layout (`has_layout(folder)`). If not, and it
-    holds one folder (hidden files and junk aside) that has it, that folder is the root:
-    `mydata.zip` holding `mydata/train/...` (and a README beside it) reads as `train/...`.
-    A lone `train/` is not unwrapped: `folder` has the layout. Without `has_layout`
-    (predict.py's inputs: any images), a folder that holds one folder and nothing else is
-    unwrapped.
+    `marker` is what the data's root holds (a path relative to it: "train", "train.csv",
+    "images"): `folder` is used as it is when it holds it. If not, and it holds one folder
+    (hidden files and junk aside) that does, that folder is the root: `mydata.zip` holding
+    `mydata/train/...` (and a README beside it) reads as `train/...`. A lone `train/` is not
+    unwrapped: `folder` holds the marker. Without a marker (predict.py's inputs), a folder
+    that holds one folder and nothing else is unwrapped.
     """
     folder = Path(folder)
-    if has_layout is not None and has_layout(folder):
+    if marker is not None and (folder / marker).exists():
         return folder
     if not folder.is_dir():
         return folder
     entries = [entry for entry in folder.iterdir() if not entry.name.startswith(".") and not is_junk(entry.name)]
     folders = [entry for entry in entries if entry.is_dir()]
-    if has_layout is None:
+    if marker is None:
         return folders[0] if len(entries) == 1 and folders else folder
-    return folders[0] if len(folders) == 1 and has_layout(folders[0]) else folder
+    return folders[0] if len(folders) == 1 and (folders[0] / marker).exists() else folder
 
 
 def archive_identity(archive: Path) -> str:

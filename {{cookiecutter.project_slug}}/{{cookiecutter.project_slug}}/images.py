@@ -96,7 +96,7 @@ def image_splits(
     extract_sample_for(data_dir)
     if labels_csv:
         return csv_splits(data_dir, labels_csv, val_fraction, seed)
-    root = dataset_root(data_dir, lambda folder: (folder / "train").is_dir())
+    root = dataset_root(data_dir, "train")
     if not (root / "train").is_dir():
         raise UserError(
             f"data folder {root / 'train'} not found: --data-dir needs train/<class>/ (and val/<class>/) inside, "
@@ -116,7 +116,7 @@ def csv_splits(data_dir: str | Path, labels_csv: str | Path, val_fraction: float
     csv_path = find_labels_csv(labels_csv, data_dir)
     rows = read_csv_rows(csv_path)
     first = image_path(rows[0][1][0])
-    root = dataset_root(data_dir, lambda folder: bool(first) and (folder / first).is_file())
+    root = dataset_root(data_dir, first)
     labelled, bad = [], []
     for line, fields in rows:
         problem = row_problem(fields, root)
@@ -146,7 +146,7 @@ def find_labels_csv(labels_csv: str | Path, data_dir: str | Path) -> Path:
     if path.is_file():
         return path
     if not path.is_absolute():
-        root = dataset_root(data_dir, lambda folder: (folder / path).is_file())
+        root = dataset_root(data_dir, path)
         if (root / path).is_file():
             return root / path
     raise UserError(

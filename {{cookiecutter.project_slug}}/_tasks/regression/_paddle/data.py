@@ -55,7 +55,7 @@ def build_datasets(args) -> tuple[Dataset, Dataset, int]:
         names, train, val = synthetic_table(args.seed)
     else:
         archive.extract_sample_for(args.data_dir)  # the bundled sample, when --data-dir is its folder
-        root = archive.dataset_root(args.data_dir, has_layout=lambda folder: (folder / TRAIN).is_file())
+        root = archive.dataset_root(args.data_dir, TRAIN)
         names, train, val = read_splits(root, target, args.val_fraction, args.seed)
     description = describe(names, target, train)
     return (

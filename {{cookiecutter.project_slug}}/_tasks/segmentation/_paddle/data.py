@@ -94,7 +94,7 @@ def describe(dataset, num_classes: int, image_size: int, channels: int):
 def mask_splits(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
     """The (image, mask) pairs for training and for validation: val/ if there is one, else a held-out part."""
     extract_sample_for(data_dir)
-    root = dataset_root(data_dir, lambda folder: (folder / "images").is_dir())
+    root = dataset_root(data_dir, "images")
     if not (root / "images").is_dir():
         raise UserError(
             f"data folder {root / 'images'} not found: --data-dir needs images/ and masks/ inside (and val/images/, "

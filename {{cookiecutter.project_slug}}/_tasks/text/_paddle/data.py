@@ -99,7 +99,7 @@ def build_datasets(args) -> tuple[Dataset, Dataset, int]:
     if args.synthetic:
         return synthetic_datasets(args.seed)
     extract_sample_for(args.data_dir)
-    root = dataset_root(args.data_dir, lambda folder: (folder / "train.csv").is_file())
+    root = dataset_root(args.data_dir, "train.csv")
     if not (root / "train.csv").is_file():
         raise UserError(
             f"{root / 'train.csv'} not found: --data-dir needs train.csv (columns text and label), and val.csv if "
