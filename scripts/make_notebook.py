@@ -130,11 +130,9 @@ model and `inference.predict(model, batch)` the rows of `task.predict_step()`.""
     (
         "code",
         """args = cli.parse_args(["--output-dir", str(run_dir)])
-predictions = run_dir / "predictions"
-predict.predict(cli.parse_predict_args([
-    "--checkpoint", str(inference.checkpoint_path(run_dir, "best")),
-    "--input", str(Path(args.data_dir) / PREDICT_SAMPLE), "--output", str(predictions),
-]))
+best, predictions = inference.checkpoint_path(run_dir, "best"), run_dir / "predictions"
+argv = ["--checkpoint", str(best), "--input", str(Path(args.data_dir) / PREDICT_SAMPLE), "--output", str(predictions)]
+predict.predict(cli.parse_predict_args(argv))
 written = sorted(predictions.rglob("*")) if predictions.is_dir() else predictions.read_text().splitlines()
 print(*written[:6], sep="\\n")""",
     ),
