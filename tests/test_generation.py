@@ -243,7 +243,9 @@ def test_every_project_has_a_gpu_tier_that_a_machine_without_a_gpu_skips_saying_
     )
     tier = [line for line in collected.stdout.splitlines() if "::" in line]
     assert collected.returncode == 0 and len(tier) >= 10, collected.stdout
-    assert all(line.startswith("tests/test_on_gpu.py::") for line in tier)
+    # The GPU tier: test_on_gpu.py, and the sample task's own GPU test (its accuracy on a GPU).
+    gpu_files = ("tests/test_on_gpu.py::", *(f"tests/{name}::" for name in TASK_TESTS["classification"]))
+    assert all(line.startswith(gpu_files) for line in tier)
 
     ran = run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider"], project)
     assert ran.returncode == 0, ran.stdout

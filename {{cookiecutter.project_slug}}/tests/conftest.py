@@ -1,5 +1,6 @@
 """Shared fixtures of the project's tests, and the GPU tier's one condition."""
 
+import math
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,11 @@ class _Slow:
     def __getitem__(self, index):
         time.sleep(0.004)  # a network disk
         return self.dataset[index]
+
+    def __getattr__(self, name):  # the dataset's own attributes (its collate, its description) stay in reach
+        if name == "dataset":  # not set yet (a copy being made): no attribute, rather than endless lookups
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk would
@@ -61,6 +67,27 @@ def pytest_collection_modifyitems(config, items):
 def project_root() -> Path:
     """The baked project's folder, holding run.py and run.sh."""
     return ROOT
+
+
+def default_data_sizes(folder: Path) -> tuple[int, int]:
+    """(training samples, validation samples) of the data the project trains on by default, as data.py reads it
+    (a dataset=zip project's sample extracted into `folder`, not into the project's data/)."""
+    from {{ cookiecutter.project_slug }} import archive, cli, data, settings, workspace
+
+    args = []
+    if settings.DATASET == "zip":
+        archive.ensure_extracted(workspace.SAMPLE_ARCHIVE, folder, show_progress=False)
+        args = ["--data-dir", str(folder)]
+    train_set, val_set, _ = data.build_datasets(cli.parse_args(args))
+    return len(train_set), len(val_set)
+
+
+def batches_per_epoch(train_size: int, nproc: int) -> int:
+    """The training batches each of `nproc` processes takes in an epoch at the default --batch-size (shards padded
+    to equal sizes)."""
+    from {{ cookiecutter.project_slug }} import cli
+
+    return math.ceil(math.ceil(train_size / nproc) / cli.parse_args([]).batch_size)
 
 
 def copy_of_project(project_root: Path, folder: Path, ignore: tuple[str, ...] = (), **appended: str) -> Path:

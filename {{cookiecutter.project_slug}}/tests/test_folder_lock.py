@@ -7,29 +7,39 @@ import sys
 import time
 
 import pytest
-from conftest import copy_of_project
+from conftest import batches_per_epoch, copy_of_project, default_data_sizes
 
-from {{ cookiecutter.project_slug }} import folder_lock, settings, workspace
+from {{ cookiecutter.project_slug }} import folder_lock, settings, task, workspace
 
 pytestmark = pytest.mark.slow
 
 SLOW_STEPS = """
 
+import functools
 import time
 
 _build_model = build_model
 
 
-def build_model(num_classes, channels=3):  # noqa: F811 - a test slows every step, to keep a job running
-    model = _build_model(num_classes, channels)
-    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.2))  # an epoch takes 5 s
+@functools.wraps(_build_model)  # the same parameters: the data description fills them as before
+def build_model(num_classes, **options):  # noqa: F811 - a test slows every step, to keep a job running
+    model = _build_model(num_classes, **options)
+    model.register_forward_pre_hook(lambda module, inputs: time.sleep({step_s}))
     return model
 """
+EPOCH_S = 5  # how long the slowed jobs' epochs take, the data being large or small
+
+
+@pytest.fixture(scope="module")
+def step_s(tmp_path_factory) -> float:
+    """The sleep per step that makes an epoch of two processes on the project's data take EPOCH_S seconds."""
+    train_size, _ = default_data_sizes(tmp_path_factory.mktemp("sample") / settings.SAMPLE)
+    return EPOCH_S / batches_per_epoch(train_size, nproc=2)
 
 
 @pytest.fixture
-def slow_project(project_root, tmp_path):
-    return copy_of_project(project_root, tmp_path / "project", model=SLOW_STEPS)
+def slow_project(project_root, tmp_path, step_s):
+    return copy_of_project(project_root, tmp_path / "project", model=SLOW_STEPS.format(step_s=step_s))
 
 
 def command(output, *script: str) -> list[str]:
@@ -110,6 +120,6 @@ def test_the_next_job_waits_for_one_that_is_stopping_and_a_killed_one_holds_noth
     assert first.wait(timeout=60) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     log = (output / "train.log").read_text()
-    assert "done: best val_acc" in log
+    assert f"done: best val_{task.BEST_METRIC}" in log
     if signum == signal.SIGTERM:
         assert "resumed from" in log

@@ -161,11 +161,14 @@ OUT_OF_MEMORY = {
 # Appended to model.py: every forward pass runs out of GPU memory, in the framework's words.
 OUT_OF_MEMORY_MODEL = f"""
 
+import functools
+
 _build_model = build_model
 
 
-def build_model(num_classes, channels=3):  # noqa: F811
-    network = _build_model(num_classes, channels)
+@functools.wraps(_build_model)  # the same parameters: the data description fills them as before
+def build_model(num_classes, **options):  # noqa: F811
+    network = _build_model(num_classes, **options)
 
     def full(*args):
         raise {OUT_OF_MEMORY}

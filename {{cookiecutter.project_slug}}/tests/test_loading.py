@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SLOW_DATA, copy_of_project
+from conftest import SLOW_DATA, copy_of_project, default_data_sizes
 
-from {{ cookiecutter.project_slug }} import hardware, loader_watch, settings, workspace
+from {{ cookiecutter.project_slug }} import cli, hardware, loader_watch, settings, workspace
 from {{ cookiecutter.project_slug }}.loader_watch import CHECK_AFTER_STEPS, LoaderWatch
 
 
@@ -111,9 +111,14 @@ def run_py(project, output, *args) -> str:
 
 def test_a_run_on_a_slow_disk_says_so_once_and_a_default_run_says_nothing(project_root, tmp_path):
     project = copy_of_project(project_root, tmp_path / "project", data=SLOW_DATA)
+    # Batches small enough for an epoch of twice CHECK_AFTER_STEPS steps, however small the data: the watch judges
+    # the loader after CHECK_AFTER_STEPS steps of an epoch.
+    train_size, _ = default_data_sizes(tmp_path / "sample" / settings.SAMPLE)
+    batch_size = min(cli.parse_args([]).batch_size, train_size // (2 * CHECK_AFTER_STEPS))
+    batch = ["--batch-size", str(batch_size)]
 
-    slow_log = run_py(project, tmp_path / "slow" / "output")
-    default_log = run_py(project_root, tmp_path / "default" / "output")
+    slow_log = run_py(project, tmp_path / "slow" / "output", *batch)
+    default_log = run_py(project_root, tmp_path / "default" / "output", *batch)
 
     assert slow_log.count("training waits for its data") == 1
     assert "on storage" in slow_log and "--workers 0" in slow_log

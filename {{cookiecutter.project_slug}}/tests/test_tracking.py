@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from curves import CPU, WRITER_MODULE, curve
 
-from {{ cookiecutter.project_slug }} import logs, notebook, settings, tracking, workspace
+from {{ cookiecutter.project_slug }} import logs, notebook, settings, task, tracking, workspace
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -144,7 +145,9 @@ def test_training_records_each_epoch_once_and_a_resumed_run_continues_the_loss_c
     train(project_root, tmp_path, "--epochs", "2", "--log-every", "5")
     metrics = train(project_root, tmp_path, "--epochs", "3", "--log-every", "5")  # resumes after epoch 2
 
-    assert curve(tmp_path, "epoch/val_acc") == [(m["epoch"], round(m["val_acc"], 6)) for m in metrics]
+    best = f"val_{task.BEST_METRIC}"
+    # Curves hold 32-bit floats: the metric as one, then rounded as curve() rounds.
+    assert curve(tmp_path, f"epoch/{best}") == [(m["epoch"], round(float(np.float32(m[best])), 6)) for m in metrics]
     steps = [step for step, _ in curve(tmp_path, "train/loss")]
     assert steps == sorted(set(steps)) and len(steps) >= 3  # on from where the checkpoint was, none twice
 

@@ -132,7 +132,8 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
 
 def test_a_checkpoint_from_before_task_py_resumes_its_best_as_accuracy(tmp_path):
     save_epoch(build_checkpointer(tmp_path), 2, 0.75, True)
-    older = {key: value for key, value in paddle.load(str(tmp_path / "last.pdopt")).items() if not key.startswith("best_")}
+    state = paddle.load(str(tmp_path / "last.pdopt"))
+    older = {key: value for key, value in state.items() if not key.startswith("best_")}
     paddle.save({**older, "best_acc": 0.75}, str(tmp_path / "last.pdopt"))  # as the template wrote it before task.py
 
     resumed = build_checkpointer(tmp_path).resume("auto")

@@ -1,4 +1,9 @@
-"""Validation: loss and accuracy over the whole validation set, and the model left untouched."""
+"""Validation: the task's metrics over the whole validation set, each sample once, and the model left untouched.
+
+The tests give the engine a small classification task of their own, so they test the loop whatever task
+this project was baked with."""
+
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -9,6 +14,25 @@ from paddle.io import TensorDataset
 
 from {{ cookiecutter.project_slug }} import engine, loaders
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
+
+
+def validation_step(model, batch) -> tuple[dict, dict]:
+    inputs, labels = batch
+    logits = model(inputs).astype("float32")
+    correct = (logits.argmax(axis=1) == labels.flatten()).astype("int64").sum()
+    return {"loss": F.cross_entropy(logits, labels, reduction="sum"), "correct": correct}, {"labels": labels}
+
+
+def metrics(sums: dict, per_sample: dict, count: int) -> dict:
+    return {"loss": sums["loss"] / count, "acc": sums["correct"] / count, "labels_seen": len(per_sample["labels"])}
+
+
+ACCURACY_TASK = SimpleNamespace(BEST_METRIC="acc", BEST_MODE="max", validation_step=validation_step, metrics=metrics)
+
+
+@pytest.fixture(autouse=True)
+def accuracy_task(monkeypatch):
+    monkeypatch.setattr(engine, "task", ACCURACY_TASK)
 
 
 def env_of(rank: int, world_size: int) -> DistEnv:
@@ -26,6 +50,7 @@ def test_validation_counts_every_sample_once_in_loss_and_accuracy():
     stats = engine.evaluate(nn.Identity(), val_loader, env)
 
     assert stats["samples"] == 10
+    assert stats["labels_seen"] == 10
     assert stats["acc"] == pytest.approx(7 / 10)
     expected_loss = F.cross_entropy(paddle.to_tensor(logits), paddle.to_tensor(labels)).item()
     assert stats["loss"] == pytest.approx(expected_loss, rel=1e-6)

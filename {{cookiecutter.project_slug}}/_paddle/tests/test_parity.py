@@ -6,14 +6,17 @@ two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
 as one process with batch 2b: DistributedBatchSampler draws one permutation
 per epoch on every rank and rank r takes the r-th slice of each global batch,
 so step k covers the same 2b samples in every set-up. The model has no batch
-norm or dropout, whose results depend on how a batch is split.
+norm or dropout, whose results depend on how a batch is split. The loops train it with a
+task of the test's own (the cross-entropy of (inputs, labels) batches), whatever the project's task.
 """
 
 import importlib.util
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
+import paddle.nn.functional as F
 import pytest
 from conftest import rank_results, save_rank_result
 from paddle import nn
@@ -43,6 +46,14 @@ def build_model() -> nn.Layer:
     return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
 
 
+def cross_entropy(model, batch) -> paddle.Tensor:
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels)
+
+
+CLASSIFICATION = SimpleNamespace(training_loss=cross_entropy)
+
+
 def momentum(model: nn.Layer) -> paddle.optimizer.Optimizer:
     return paddle.optimizer.Momentum(learning_rate=0.5, momentum=0.9, parameters=model.parameters())
 
@@ -58,9 +69,7 @@ def with_own_loop(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]
 
 
 def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
-    from {{ cookiecutter.project_slug }} import fit
-
-    model = paddle.Model(network)
+    model = fit.paddle_model(network, loader)
     model.prepare(momentum(network), fit.accumulated_loss(grad_accum))
     epochs = []
     end_epoch = fit.EpochEnd(
@@ -71,17 +80,24 @@ def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
 
 
 LOOPS = {"own loop": with_own_loop}
+LOOP_MODULES = [engine]  # the modules whose loops call task.training_loss()
 if importlib.util.find_spec("{{ cookiecutter.project_slug }}.fit"):  # paddle_api=highlevel
+    from {{ cookiecutter.project_slug }} import fit
+
     LOOPS["paddle.Model.fit"] = with_fit
+    LOOP_MODULES.append(fit)
 
 
 def train(loop: str, batch_size: int, grad_accum: int) -> dict:
     """Train with the project's loaders, model wrapper and loop; return parameters and per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
-        train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
-        network = build_model()
-        epochs = LOOPS[loop](network, train_loader, env, grad_accum)
+        with pytest.MonkeyPatch.context() as patch:  # in this process: a spawned rank's, or the test's own
+            for module in LOOP_MODULES:
+                patch.setattr(module, "task", CLASSIFICATION)
+            train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
+            network = build_model()
+            epochs = LOOPS[loop](network, train_loader, env, grad_accum)
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [p.numpy().copy() for p in network.parameters()],

@@ -1,4 +1,9 @@
-"""Validation: loss and accuracy over the whole validation set, and the model left untouched."""
+"""Validation: the task's metrics over the whole validation set, each sample once, and the model left untouched.
+
+The tests give the engine a small classification task of their own, so they test the loop whatever task
+this project was baked with."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +15,25 @@ from {{ cookiecutter.project_slug }} import engine, loaders
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 
 CPU = torch.device("cpu")
+
+
+def validation_step(model, batch) -> tuple[dict, dict]:
+    inputs, labels = batch
+    logits = model(inputs).float()
+    sums = {"loss": F.cross_entropy(logits, labels, reduction="sum"), "correct": (logits.argmax(dim=1) == labels).sum()}
+    return sums, {"labels": labels}
+
+
+def metrics(sums: dict, per_sample: dict, count: int) -> dict:
+    return {"loss": sums["loss"] / count, "acc": sums["correct"] / count, "labels_seen": len(per_sample["labels"])}
+
+
+ACCURACY_TASK = SimpleNamespace(BEST_METRIC="acc", BEST_MODE="max", validation_step=validation_step, metrics=metrics)
+
+
+@pytest.fixture(autouse=True)
+def accuracy_task(monkeypatch):
+    monkeypatch.setattr(engine, "task", ACCURACY_TASK)
 
 
 def env_of(rank: int, world_size: int) -> DistEnv:
@@ -27,6 +51,7 @@ def test_evaluate_reports_loss_and_accuracy_over_every_validation_sample_once():
     stats = engine.evaluate(nn.Identity(), val_loader, env)
 
     assert stats["samples"] == 10
+    assert stats["labels_seen"] == 10
     assert stats["acc"] == pytest.approx(7 / 10)
     assert stats["loss"] == pytest.approx(F.cross_entropy(logits, labels).item())
 

@@ -5,16 +5,19 @@ two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
 as one process with batch 2b: DistributedSampler draws one permutation per
 epoch on every rank and rank r takes every other sample of it, so step k
 covers the same 2b samples in every set-up. The model has no batch norm or
-dropout, whose results depend on how a batch is split.
+dropout, whose results depend on how a batch is split. The loop trains it with a task
+of the test's own (the cross-entropy of (inputs, labels) batches), whatever the project's task.
 """
 
 import os
 import socket
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from conftest import rank_results, save_rank_result
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -42,20 +45,30 @@ def small_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
 
 
+def cross_entropy(model, batch) -> torch.Tensor:
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels)
+
+
+CLASSIFICATION = SimpleNamespace(training_loss=cross_entropy)
+
+
 def train(batch_size: int, grad_accum: int) -> dict:
     """Train with the project's loaders, DDP wrapper and loop; return parameters and per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
-        train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
-        model = distributed.wrap_model(small_mlp(), env)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-        scaler = engine.grad_scaler(False)
-        epochs = [
-            engine.train_one_epoch(
-                model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), grad_accum
-            )
-            for epoch in range(1, EPOCHS + 1)
-        ]
+        with pytest.MonkeyPatch.context() as patch:  # in this process: a spawned rank's, or the test's own
+            patch.setattr(engine, "task", CLASSIFICATION)
+            train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
+            model = distributed.wrap_model(small_mlp(), env)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+            scaler = engine.grad_scaler(False)
+            epochs = [
+                engine.train_one_epoch(
+                    model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), grad_accum
+                )
+                for epoch in range(1, EPOCHS + 1)
+            ]
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [p.detach().numpy().copy() for p in distributed.unwrap(model).parameters()],
