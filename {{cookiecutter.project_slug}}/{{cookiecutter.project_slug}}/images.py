@@ -253,9 +253,13 @@ def synthetic_images(
 
 
 def describe(dataset, classes: list[str], image_size: int, channels: int):
-    """Attach to a dataset what a checkpoint records about its images (see data.py's docstring); return it."""
-    dataset.classes, dataset.image_size, dataset.channels = list(classes), image_size, channels
-    dataset.mean, dataset.std = MEAN, STD
+    """Attach to a dataset what a checkpoint records about its images (see data.py's docstring): its
+    `description`, and each entry as an attribute of its own; return it."""
+    dataset.description = {
+        "classes": list(classes), "image_size": image_size, "channels": channels, "mean": MEAN, "std": STD,
+    }  # fmt: skip
+    for name, value in dataset.description.items():
+        setattr(dataset, name, value)
     return dataset
 
 

@@ -5,7 +5,8 @@ build_datasets(args) returns (train_set, val_set, num_classes); each set is a
 map-style paddle.io.Dataset of (image, class index) pairs. Sampling, sharding
 across ranks and batching are done for you in loaders.build_loaders().
 
-Each set also says how its images were made, for checkpoints and predict.py:
+Each set also says how its images were made, for checkpoints and predict.py, in
+its `description` (images.describe() sets it, and each entry as an attribute):
 `classes` (class names, in label order), `image_size`, `channels`, `mean` and
 `std` (images are (pixel/255 - mean) / std). Set them on your own sets too.
 """

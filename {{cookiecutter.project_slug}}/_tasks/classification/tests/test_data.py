@@ -1,4 +1,5 @@
-"""build_datasets() on the sample data as people pack it: a wrapped archive with junk, a flat folder with a CSV.
+"""The sample task's (image classification's) build_datasets() on data as people pack it: a wrapped archive with
+junk, a flat folder with a CSV. A task of your own replaces these tests with its own.
 
 Framework-neutral: data.py has the same public names in every framework's project.
 """

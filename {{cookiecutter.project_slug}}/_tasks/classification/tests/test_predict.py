@@ -1,4 +1,5 @@
-"""predict.py and predict.sh: a checkpoint and a folder or an archive of images in, a CSV to submit out."""
+"""The sample task's (image classification's) predictions: predict.py and predict.sh with a checkpoint and a folder
+or an archive of images in, a CSV to submit out. A task of your own replaces these tests with its own."""
 
 import csv
 import os
