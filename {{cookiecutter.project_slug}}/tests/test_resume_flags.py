@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings, workspace
+from {{ cookiecutter.project_slug }} import cli, inference, settings, workspace
+from {{ cookiecutter.project_slug }}.model import build_optimizer
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +27,23 @@ def rates(output) -> list[float]:
     return [round(json.loads(line)["lr"], 6) for line in (output / "metrics.jsonl").read_text().splitlines()]
 
 
+def optimizer_rate(output, lr: float) -> float:
+    """The rate model.py's build_optimizer() gives the run's network for --lr `lr` (the --lr itself, or the share
+    of it that the task's optimizer takes)."""
+    model = inference.load_for_inference(inference.checkpoint_path(output, "last"), device="cpu")
+    optimizer = build_optimizer(model, lr)
+    return optimizer.param_groups[0]["lr"] if settings.FRAMEWORK == "pytorch" else optimizer.get_lr()
+
+
 def test_a_resume_without_lr_goes_on_with_the_rate_the_run_was_started_with(project_root, tmp_path):
     output = tmp_path / "output"
     run_py(project_root, output, "--epochs", "2", "--lr", "0.02")
 
     run_py(project_root, output, "--epochs", "4")
 
-    # Epochs 1-2 on the cosine of 2 epochs, 3-4 on that of 4, both from 0.02 (not from the default rate).
-    assert rates(output) == [0.02, 0.01, 0.01, round(0.01 * (1 - 2**-0.5), 6)]
+    # Epochs 1-2 on the cosine of 2 epochs, 3-4 on that of 4, both from --lr 0.02's rate (not from the default's).
+    rate = optimizer_rate(output, 0.02)
+    assert rates(output) == [round(rate * factor, 6) for factor in (1, 0.5, 0.5, 0.5 * (1 - 2**-0.5))]
 
 
 def test_a_rate_given_on_resume_applies_from_there_on_and_the_log_says_so(project_root, tmp_path):
@@ -42,7 +52,8 @@ def test_a_rate_given_on_resume_applies_from_there_on_and_the_log_says_so(projec
 
     log = run_py(project_root, output, "--epochs", "4", "--lr", "0.001")
 
-    assert rates(output)[:2] == [cli.DEFAULT_LR, cli.DEFAULT_LR / 2]
-    assert rates(output)[2] == 0.001  # epoch 3 trains at the given rate
-    assert 0 < rates(output)[3] < 0.001  # and the schedule goes on from it
+    default_rate = optimizer_rate(output, cli.DEFAULT_LR)
+    assert rates(output)[:2] == [round(default_rate, 6), round(default_rate / 2, 6)]
+    assert rates(output)[2] == round(optimizer_rate(output, 0.001), 6)  # the given rate, as a run started at it has
+    assert 0 < rates(output)[3] < rates(output)[2]  # and the schedule goes on from it
     assert "--lr 0.001: the resumed run trains at it from epoch 3 on" in log
