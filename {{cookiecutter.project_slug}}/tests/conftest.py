@@ -9,30 +9,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# Appended to data.py by tests of a slow disk: every training sample takes 4 ms to read, and each batch at least
-# twice as long as the model took for the step before it, so the loader is what training waits for, however much the
-# task's model computes (reads of a batch follow one another at once; a step's computing comes between batches).
+# Appended to data.py by tests of a slow disk: every training sample takes SAMPLE_READ_S seconds to read (a test that
+# needs a slower disk sets it again below this code).
 SLOW_DATA = """
 
 import time
 
+SAMPLE_READ_S = 0.004  # a network disk
 _build_datasets = build_datasets
 
 
 class _Slow:
     def __init__(self, dataset):
         self.dataset = dataset
-        self.returned = None  # when the last sample was handed over
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, index):
-        computed = time.perf_counter() - self.returned if self.returned is not None else 0.0
-        time.sleep(0.004 + 2 * computed)  # a network disk, slower than the model
-        sample = self.dataset[index]
-        self.returned = time.perf_counter()
-        return sample
+        time.sleep(SAMPLE_READ_S)
+        return self.dataset[index]
 
     def __getattr__(self, name):  # the dataset's own attributes (its collate, its description) stay in reach
         if name == "dataset":  # not set yet (a copy being made): no attribute, rather than endless lookups

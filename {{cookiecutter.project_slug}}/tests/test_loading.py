@@ -100,6 +100,10 @@ def test_a_loader_that_computes_on_a_cpu_run_has_no_cores_to_spare_and_says_noth
     assert watch.data_wait > 0.9
 
 
+def read_metrics(output) -> list[dict]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
 def run_py(project, output, *args) -> str:
     command = [sys.executable, "run.py", "--epochs", "1", "--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
@@ -110,20 +114,24 @@ def run_py(project, output, *args) -> str:
 
 
 def test_a_run_on_a_slow_disk_says_so_once_and_a_default_run_says_nothing(project_root, tmp_path):
-    project = copy_of_project(project_root, tmp_path / "project", data=SLOW_DATA)
     # Batches small enough for an epoch of twice CHECK_AFTER_STEPS steps, however small the data: the watch judges
     # the loader after CHECK_AFTER_STEPS steps of an epoch.
     train_size, _ = default_data_sizes(tmp_path / "sample" / settings.SAMPLE)
     batch_size = min(cli.parse_args([]).batch_size, train_size // (2 * CHECK_AFTER_STEPS))
     batch = ["--batch-size", str(batch_size)]
+    default_log = run_py(project_root, tmp_path / "default" / "output", *batch)
+    [default_epoch] = read_metrics(tmp_path / "default" / "output")
+    # A disk that takes three times the default epoch to read the training set: training waits for it, however much
+    # the task's model computes, and whether the loader reads the next batch while the model computes or after.
+    read_s = max(0.004, 3 * default_epoch["epoch_time_s"] / train_size)
+    project = copy_of_project(project_root, tmp_path / "project", data=f"{SLOW_DATA}\nSAMPLE_READ_S = {read_s}\n")
 
     slow_log = run_py(project, tmp_path / "slow" / "output", *batch)
-    default_log = run_py(project_root, tmp_path / "default" / "output", *batch)
 
     assert slow_log.count("training waits for its data") == 1
     assert "on storage" in slow_log and "--workers 0" in slow_log
     assert "training waits for its data" not in default_log
     assert "0 loader worker(s) per process" in default_log  # on a CPU
     for output in (tmp_path / "slow" / "output", tmp_path / "default" / "output"):
-        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(output)
         assert all(0 <= row["data_wait"] <= 1 for row in rows) and rows
