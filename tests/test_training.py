@@ -425,6 +425,46 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     assert without_timings(read_metrics(output)) == UNINTERRUPTED[key]
 
 
+STEP_SAVE_CASES = [  # (answers, the processes of the resumed job): each Paddle API once, fewer and more ranks
+    ({"framework": "pytorch"}, 3),
+    ({"framework": "paddle", "paddle_api": "basic"}, 1),
+    ({"framework": "paddle", "paddle_api": "highlevel"}, 3),
+]
+
+
+@pytest.mark.parametrize("answers, nproc", STEP_SAVE_CASES, ids=lambda case: str(case))
+def test_a_job_killed_between_step_saves_loses_at_most_n_steps_and_goes_on_on_another_number_of_processes(
+    bake, tmp_path, answers, nproc
+):
+    project = bake(**answers)
+    with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
+        model.write(SLOW_STEPS)
+    every = 4
+    args = ["--epochs", "2", "--batch-size", "16", "--log-every", "1", "--save-every-steps", str(every)]
+    output = tmp_path / "output"
+    job = start_job(project, *args, "--output-dir", str(output))
+    log = output / "train.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "epoch 2 step 15/" in log.read_text(encoding="utf-8")):
+        assert job.poll() is None and time.monotonic() < deadline, "the job ended before epoch 2 step 15"
+        time.sleep(0.02)
+    os.killpg(job.pid, signal.SIGKILL)  # no warning: a lost machine
+    job.wait()
+    last_logged = max(int(line.split("epoch 2 step ")[1].split("/")[0]) for line in
+                      log.read_text(encoding="utf-8").splitlines() if "epoch 2 step " in line)  # fmt: skip
+
+    train(project, *args, "--output-dir", str(output), nproc=nproc)
+
+    text = log.read_text(encoding="utf-8")
+    consumed = int(text.split("(epoch 2, after its first ")[1].split(" samples)")[0])
+    saved_at = consumed // (16 * 2)  # the optimizer steps of 2 processes of batch 16 before the save
+    assert consumed == saved_at * 16 * 2 and saved_at % every == 0
+    assert 0 <= last_logged - saved_at <= every  # at most N steps lost
+    metrics = read_metrics(output)
+    assert [m["epoch"] for m in metrics] == [1, 2]  # each epoch once
+    assert metrics[1]["train_samples"] == TRAIN_SIZE and metrics[1]["world_size"] == nproc  # none twice, none left out
+
+
 TIMINGS = ("epoch_time_s", "data_wait")  # clock readings, not results
 
 

@@ -4,6 +4,7 @@ Framework-free: the loaders take any map-style dataset (here a list) and read on
 the world size and whether a GPU is in use from the environment.
 """
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -90,3 +91,45 @@ def test_training_order_changes_every_epoch_and_is_the_same_in_every_process():
         assert orders[1, rank, "first process"] == orders[1, rank, "restarted process"]
         assert orders[1, rank, "first process"] != orders[2, rank, "first process"]
     assert orders[1, 0, "first process"] != sorted(orders[1, 0, "first process"])
+
+
+def shards(size: int, world_size: int, epoch: int, consumed: int = 0, batch_size: int = 4) -> list[list[list[int]]]:
+    """Each rank's training batches of `epoch`, after the first `consumed` samples of the epoch's order."""
+    batches = []
+    for rank in range(world_size):
+        train_loader, _ = train_and_val_loaders(size, rank, world_size, batch_size)
+        sampler = loaders.train_sampler(train_loader)
+        sampler.set_epoch(epoch)
+        sampler.consumed = consumed
+        batches.append([[int(i) for i in batch] for batch, _ in train_loader])
+    return batches
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (2, 3), (3, 2), (1, 4)])
+def test_a_stopped_epoch_goes_on_on_another_number_of_processes_with_no_sample_twice_and_none_left_out(before, after):
+    size, steps_done = 53, 3  # no number of processes divides the set
+    trained = [i for rank in shards(size, before, epoch=2) for batch in rank[:steps_done] for i in batch]
+    sampler = loaders.train_sampler(train_and_val_loaders(size, 0, before)[0])
+    consumed = sampler.consumed_after(steps_done)
+
+    rest = shards(size, after, epoch=2, consumed=consumed)
+    rest_samples = [i for rank in rest for batch in rank for i in batch]
+    padding = len(rest_samples) - (size - consumed)
+
+    assert len(trained) == consumed
+    assert len({sum(len(batch) for batch in rank) for rank in rest}) == 1  # every rank takes as many samples
+    assert 0 <= padding < after
+    times = Counter(trained + rest_samples)
+    assert sorted(times) == list(range(size))  # none left out
+    assert sum(count - 1 for count in times.values()) == padding  # none twice, but the padding
+    resumed = loaders.train_sampler(train_and_val_loaders(size, 0, after)[0])
+    resumed.consumed = consumed
+    assert resumed.padding == padding  # what the epoch's count of distinct samples leaves out
+
+
+def test_a_stopped_epoch_on_the_same_number_of_processes_goes_on_with_the_batches_it_would_have_had():
+    size, world_size, steps_done = 53, 2, 3
+    whole = shards(size, world_size, epoch=4)
+    consumed = loaders.train_sampler(train_and_val_loaders(size, 0, world_size)[0]).consumed_after(steps_done)
+
+    assert shards(size, world_size, epoch=4, consumed=consumed) == [rank[steps_done:] for rank in whole]

@@ -36,6 +36,13 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
+    return value
+
+
 def fraction(text: str) -> float:
     value = float(text)
     if not 0 < value < 1:
@@ -148,6 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="G",
         help="keep the global batch at G on any number of processes: the accumulation steps are G / (--batch-size x "
         "world size), which must be whole; a resumed run keeps the G it was started with",
+    )
+    parser.add_argument(
+        "--clip-grad-norm",
+        type=positive_number,
+        metavar="X",
+        help="scale the gradients down where their global norm exceeds X, before each optimizer step",
+    )
+    parser.add_argument(
+        "--save-every-steps",
+        type=positive_int,
+        metavar="N",
+        help="also save OUTPUT_DIR/checkpoints/last.* every N optimizer steps of an epoch: a run killed without "
+        "warning (SIGKILL, a lost machine) resumes from there, losing at most N steps",
     )
     parser.add_argument(
         "--sync-bn",

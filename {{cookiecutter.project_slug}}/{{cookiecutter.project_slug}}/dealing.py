@@ -27,3 +27,27 @@ class DealtBatches:
 
     def __len__(self) -> int:
         return len(self.numbers)
+
+
+def rest_of_epoch(order: list[int], consumed: int, rank: int, world_size: int) -> list[int]:
+    """Rank `rank`'s samples of an epoch whose global `order` (the same on every rank and for any number of
+    processes) goes on after its first `consumed` samples: the rest, padded with the order's first samples so
+    that every rank takes as many steps, taken every `world_size`-th from `rank` on (as DistributedSampler does).
+
+    After k batches of B samples on each of W ranks, the ranks together have trained the first consumed + k·B·W
+    samples of the order: a stopped epoch goes on from that count on any number of processes, no sample twice
+    and none left out.
+    """
+    rest = order[consumed:]
+    rest += [order[i % len(order)] for i in range(padding_of(len(order), consumed, world_size))]
+    return rest[rank::world_size]
+
+
+def padding_of(size: int, consumed: int, world_size: int) -> int:
+    """The repeated samples rest_of_epoch() adds: not distinct, so not counted among an epoch's samples."""
+    return -(size - consumed) % world_size
+
+
+def share_size(size: int, consumed: int, world_size: int) -> int:
+    """The length of each rank's rest_of_epoch()."""
+    return (size - consumed + padding_of(size, consumed, world_size)) // world_size

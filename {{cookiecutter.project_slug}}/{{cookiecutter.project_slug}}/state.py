@@ -20,11 +20,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EpochProgress:
-    """How far this rank is into an epoch: the batches it has trained on, their loss sum and sample count."""
+    """How far this rank is into an epoch: the batches it has trained on, their loss sum and sample count, and
+    the samples of the epoch's order all ranks together have trained (`consumed`, the same on every rank)."""
 
     step: int = 0
     loss_sum: float = 0.0
     seen: int = 0
+    consumed: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +126,15 @@ class CheckpointerBase:
         self.best = best  # task.py's BEST_METRIC and BEST_MODE
         self.state = TrainingState(best_metric=best[0], best_mode=best[1])
         self.loaded: Path | None = None  # the checkpoint resume() read
+        self.every_steps: int | None = None  # --save-every-steps
+
+    def due(self, optimizer_step: int) -> bool:
+        """Whether the epoch's `optimizer_step`-th optimizer step ends with a mid-epoch save (--save-every-steps)."""
+        return bool(self.every_steps) and optimizer_step % self.every_steps == 0
+
+    def save_progress(self, progress: EpochProgress) -> None:
+        """Save how far the epoch got (a mid-epoch last.*, as a stop writes it); on every rank."""
+        self._save(replace(self.state, progress=progress), is_best=False)
 
     def end_epoch(self, epoch: int, metrics: dict) -> None:
         """Record a finished epoch (its validation metrics, without val_) and save it (last, and best when it is
@@ -137,7 +148,7 @@ class CheckpointerBase:
         A stop at an epoch's end has nothing new to save: that epoch is saved already.
         """
         if stopped.progress.step:
-            self._save(replace(self.state, progress=stopped.progress), is_best=False)
+            self.save_progress(stopped.progress)
 
     def resume(self, how: str, init_from: str | None = None, lr: float | None = None) -> TrainingState:
         """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
@@ -237,17 +248,22 @@ class CheckpointerBase:
 
     def _restored(self, path: Path, saved: dict) -> TrainingState:
         """Where the loaded checkpoint stands for this rank, its random streams restored."""
-        progress = EpochProgress()
         if len(saved["rng"]) == self.env.world_size:
             self._restore_rng(saved["rng"][self.env.rank])
             progress = EpochProgress(**saved["progress"][self.env.rank])
         else:
             log.warning(
-                "world size changed from %d to %d: random streams start afresh, and a stopped epoch from its start",
-                len(saved["rng"]), self.env.world_size,
-            )  # fmt: skip
+                "world size changed from %d to %d: random streams start afresh", len(saved["rng"]), self.env.world_size
+            )
+            progress = self._moved(saved["progress"])
+        if saved["progress"][0]["step"] and "consumed" not in saved["progress"][0]:  # from before it was saved
+            log.warning("the checkpoint does not say where its stopped epoch got to: the epoch starts again")
+            progress = EpochProgress()
         if progress.step:
             log.info("resumed from %s (epoch %d, step %d)", path, saved["epoch"] + 1, progress.step)
+        elif progress.consumed:
+            log.info("resumed from %s (epoch %d, after its first %d samples)", path, saved["epoch"] + 1,
+                     progress.consumed)  # fmt: skip
         else:
             log.info("resumed from %s (epoch %d)", path, saved["epoch"])
         # A checkpoint from before task.py (best_acc, no metric's name) was chosen by classification's accuracy.
@@ -257,6 +273,15 @@ class CheckpointerBase:
             saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
             saved.get("best_metric", "acc"), saved.get("best_mode", "max"),
         )  # fmt: skip
+
+    def _moved(self, saved: list[dict]) -> EpochProgress:
+        """A stopped epoch's progress, saved by another number of ranks, on this one: it goes on from the same
+        place in the epoch's order (each rank from its first batch again); rank 0 carries the loss and samples
+        so far, so the epoch's mean loss is the same."""
+        progress = EpochProgress(consumed=saved[0].get("consumed", 0))
+        if self.env.is_main:
+            progress.loss_sum, progress.seen = sum(p["loss_sum"] for p in saved), sum(p["seen"] for p in saved)
+        return progress
 
 
 def _shape(tensor) -> tuple[int, ...]:

@@ -60,6 +60,7 @@ def train(args) -> None:
         output_dir = Path(args.output_dir)
         best = (task.BEST_METRIC, task.BEST_MODE)  # what picks best.*
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, best)
+        checkpoints.every_steps = args.save_every_steps
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
@@ -88,7 +89,7 @@ def train(args) -> None:
                 train_stats = engine.train_one_epoch(
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
                     grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
-                    amp_dtype=amp_dtype,
+                    amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints,
                 )  # fmt: skip
                 scheduler.step()
                 val_stats = engine.evaluate(model, val_loader, env, amp_dtype)

@@ -106,6 +106,47 @@ def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
     assert build_checkpointer(tmp_path).resume("auto") == TrainingState(2, 0.5, EpochProgress(7, 3.25, 112))
 
 
+def test_saves_every_n_steps_fall_on_every_nth_optimizer_step_and_only_when_asked(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    assert not any(saver.due(step) for step in range(1, 20))
+
+    saver.every_steps = 5
+    assert [step for step in range(1, 20) if saver.due(step)] == [5, 10, 15]
+
+
+def test_a_step_save_is_a_mid_epoch_checkpoint_that_resumes_where_it_was(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    saver.state = TrainingState(2, 0.5)
+    saver.save_progress(EpochProgress(10, 4.5, 160, consumed=320))
+
+    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(2, 0.5, EpochProgress(10, 4.5, 160, 320))
+
+
+def save_of_two_ranks(directory, monkeypatch) -> None:
+    """A mid-epoch checkpoint as two ranks write it: 10 batches of 16 each, 320 samples of the epoch's order."""
+    saver = build_checkpointer(directory)
+    saver.state = TrainingState(2, 0.5)
+    with monkeypatch.context() as patch:
+        ranks = lambda mine: [mine, (mine[0], EpochProgress(10, 5.5, 160, 320).to_dict())]  # noqa: E731
+        patch.setattr(checkpoint.distributed, "all_gather_object", ranks)
+        saver.save_progress(EpochProgress(10, 4.5, 160, 320))
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_mid_epoch_checkpoint_goes_on_on_another_number_of_processes_from_the_same_place(
+    tmp_path, monkeypatch, world_size
+):
+    save_of_two_ranks(tmp_path, monkeypatch)
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point] * world_size)
+    ranks = [DistEnv(rank, rank, world_size, CPU.device) for rank in range(world_size)]
+
+    progress = [build_checkpointer(tmp_path, env=env).resume("auto").progress for env in ranks]
+
+    # Each rank from its first batch of the rest of the epoch; rank 0 carries the loss so far, as all ranks sum it.
+    assert progress[0] == EpochProgress(0, 10.0, 320, consumed=320)
+    assert all(rank == EpochProgress(0, 0.0, 0, consumed=320) for rank in progress[1:])
+
+
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
     paddle.seed(1)
     saver = build_checkpointer(tmp_path)

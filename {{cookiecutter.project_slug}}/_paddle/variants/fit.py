@@ -7,7 +7,8 @@ task.training_loss(), so every batch reaches the task as the basic loop gives it
 loop (engine.train_one_epoch) does: it reshuffles the data, logs the loss (to the tracker
 too), sums the loss and samples over all ranks and hands them to the caller's end-of-epoch
 function (validation, metrics, checkpoints); after each optimizer step it asks whether a
-SIGTERM stops the run, and then raises preemption.Stopped, as the basic loop does.
+SIGTERM stops the run, and then raises preemption.Stopped, as the basic loop does, or else whether a mid-epoch
+checkpoint is due (--save-every-steps).
 """
 
 import logging
@@ -70,6 +71,13 @@ def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
     return paddle.callbacks.LRScheduler(by_step=False, by_epoch=True)
 
 
+def clip_gradients(optimizer: paddle.optimizer.Optimizer, max_norm: float | None) -> None:
+    """--clip-grad-norm for fit(), which steps the optimizer itself: the optimizer's own clipping, by the global
+    norm (the basic loop clips before its step; max_norm None: as build_optimizer() made it)."""
+    if max_norm is not None:
+        optimizer._grad_clip = paddle.nn.ClipGradByGlobalNorm(max_norm)  # where its grad_clip argument goes
+
+
 def accumulated_loss(grad_accum: int):
     """The loss for Model.prepare(): TaskLoss's output, task.training_loss().
 
@@ -85,15 +93,17 @@ class EpochEnd(paddle.callbacks.Callback):
     train_stats holds the mean loss, the distinct samples seen by all ranks and the learning rate
     the epoch trained with, as the basic loop's train_one_epoch() returns them. fit() counts its
     epochs from 0; the epochs here continue `state`: epochs_done + 1, ..., the first of them after
-    `state.progress.step` batches when a stopped epoch goes on.
+    `state.progress.consumed` samples of its order when a stopped epoch goes on. `saves` (the Checkpointer)
+    writes the mid-epoch checkpoints of --save-every-steps.
     """
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
         grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
+        saves=None,
     ):  # fmt: skip
         super().__init__()
-        self.loader, self.env, self.stop, self.end_epoch = loader, env, stop, end_epoch
+        self.loader, self.env, self.stop, self.end_epoch, self.saves = loader, env, stop, end_epoch, saves
         self.first_epoch, self.progress = state.epochs_done, replace(state.progress)
         self.grad_accum, self.log_every, self.tracker = grad_accum, log_every, tracker
         # fit() reads the batches itself: the wait for one is the time from the end of a step to the next begin.
@@ -104,7 +114,8 @@ class EpochEnd(paddle.callbacks.Callback):
         self.started = time.perf_counter()
         sampler = loaders.train_sampler(self.loader)
         sampler.set_epoch(self.epoch)  # a new shuffle every epoch, the same on every rank
-        sampler.skip_batches = self.progress.step  # fit() starts iterating right after this
+        sampler.consumed = self.progress.consumed  # fit() starts iterating right after this
+        self.first_step = self.progress.step
         self.steps = self.progress.step + len(self.loader)
         self.loss_log = LossLog(self.env.is_main, self.epoch, self.steps, self.grad_accum, self.log_every, self.tracker)
         self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
@@ -124,9 +135,13 @@ class EpochEnd(paddle.callbacks.Callback):
         progress.step += 1
         self.loss_log.step(progress.step, progress.loss_sum, progress.seen)
         # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
-        may_stop = progress.step % self.grad_accum == 0 and progress.step < self.steps
-        if may_stop and self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):
-            raise Stopped(self.epoch, progress)
+        if progress.step % self.grad_accum == 0 and progress.step < self.steps:
+            sampler = loaders.train_sampler(self.loader)
+            progress.consumed = sampler.consumed_after(progress.step - self.first_step)
+            if self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):
+                raise Stopped(self.epoch, progress)
+            if self.saves is not None and self.saves.due(progress.step // self.grad_accum):
+                self.saves.save_progress(replace(progress))
         self.step_ended = (time.perf_counter(), time.thread_time())
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:

@@ -53,6 +53,7 @@ def train(args) -> None:
         model = fit.paddle_model(network, train_loader, args.compile, args.channels_last)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
+        fit.clip_gradients(optimizer, args.clip_grad_norm)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
         amp_dtype = "fp16" if engine.mixed_precision(args.amp, args.amp_dtype, env) else None
@@ -64,6 +65,7 @@ def train(args) -> None:
             output_dir / "checkpoints", env, network, optimizer, scheduler, data=data,
             best=(task.BEST_METRIC, task.BEST_MODE),
         )  # fmt: skip
+        checkpoints.every_steps = args.save_every_steps
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
@@ -99,8 +101,9 @@ def train(args) -> None:
                 )
             else:
                 epoch_end = fit.EpochEnd(
-                    train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch
-                )
+                    train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch,
+                    saves=checkpoints,
+                )  # fmt: skip
                 # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
                 out_of_memory_is_a_user_error(MemoryError)(model.fit)(
                     train_loader, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead

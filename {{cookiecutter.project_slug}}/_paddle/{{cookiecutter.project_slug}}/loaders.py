@@ -1,6 +1,5 @@
 """The data loaders: each rank its shard of the data, --batch-size samples per batch; batches to the device."""
 
-import itertools
 import multiprocessing
 import os
 import sys
@@ -14,32 +13,42 @@ from paddle.io import DataLoader, Dataset, DistributedBatchSampler
 
 from . import hardware
 from .child_processes import end_with_the_rank
-from .dealing import DealtBatches
+from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
 from .errors import UserError
 
 
 class ResumableSampler(DistributedBatchSampler):
-    """A DistributedBatchSampler that can begin its epoch after `skip_batches` batches: a stopped epoch goes on.
+    """A DistributedBatchSampler that can go on with a stopped epoch: it leaves out the first `consumed` samples
+    of the epoch's order, those the ranks trained before the stop (on this or any other number of processes),
+    and deals the rest as dealing.rest_of_epoch() does, in batches of `batch_size`.
 
-    It pads the shards to equal length with `padding` repeated samples, so every rank takes as many steps.
-    `seed` is not used: Paddle's sampler shuffles by the epoch alone (PyTorch's by seed + epoch).
+    The epoch's order is one permutation of the whole set by --seed and the epoch, whatever the number of ranks
+    (Paddle's own sampler pads before it shuffles, so its order changes with the number of ranks). It pads the
+    shards to equal length with `padding` repeated samples, so every rank takes as many steps.
     """
 
-    skip_batches = 0
+    consumed = 0
 
     def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int):
         super().__init__(dataset, batch_size, num_replicas=env.world_size, rank=env.rank, shuffle=True)
+        self.seed = seed
 
     def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip_batches, None)
+        order = np.random.RandomState(self.seed + self.epoch).permutation(len(self.dataset)).tolist()
+        share = rest_of_epoch(order, self.consumed, self.local_rank, self.nranks)
+        return (share[start : start + self.batch_size] for start in range(0, len(share), self.batch_size))
 
     def __len__(self) -> int:
-        return max(super().__len__() - self.skip_batches, 0)
+        return -(-share_size(len(self.dataset), self.consumed, self.nranks) // self.batch_size)
 
     @property
     def padding(self) -> int:
-        return self.total_size - len(self.dataset)
+        return padding_of(len(self.dataset), self.consumed, self.nranks)
+
+    def consumed_after(self, batches: int) -> int:
+        """The samples of the epoch's order trained once every rank has trained `batches` more (whole) batches."""
+        return self.consumed + batches * self.batch_size * self.nranks
 
 
 def build_loaders(

@@ -31,20 +31,23 @@ log = logging.getLogger(__name__)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
-    watch: LoaderWatch | None = None, amp_dtype: str | None = None,
+    watch: LoaderWatch | None = None, amp_dtype: str | None = None, clip_grad_norm: float | None = None,
+    saves=None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
     the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
 
-    The pass starts after `progress.step` batches (non-zero when a stopped epoch goes on). When
-    `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where.
+    The pass starts after `progress.consumed` samples of the epoch's order (non-zero when a stopped epoch goes
+    on). When `stop` asks for it, the pass ends after an optimizer step by raising Stopped, which says where;
+    else `saves` (the Checkpointer) may save a mid-epoch checkpoint there (--save-every-steps).
+    `clip_grad_norm`: the gradients' largest global norm (--clip-grad-norm; None: not clipped).
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker` (logs.LossLog).
     `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     """
     model.train()
     sampler = loaders.train_sampler(loader)
     sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-    sampler.skip_batches = progress.step
+    sampler.consumed = progress.consumed
     lr = optimizer.param_groups[0]["lr"]
     loss_sum = torch.tensor(progress.loss_sum, device=env.device)
     seen = progress.seen
@@ -62,6 +65,9 @@ def train_one_epoch(
                 loss = seam.checked_loss(task.training_loss(model, batch), batch)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
+            if clip_grad_norm is not None:
+                scaler.unscale_(optimizer)  # the norm of the true gradients, not of the scaled ones
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -69,9 +75,13 @@ def train_one_epoch(
         loss_sum += loss.detach().float() * count
         seen += count
         loss_log.step(step, loss_sum, seen)
-        # The last step needs no check: the vote after the epoch's save covers it.
-        if steps_now and step < steps and stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step)):
-            raise Stopped(epoch, EpochProgress(step, loss_sum.item(), seen))
+        if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
+            stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
+            if stopping or (saves is not None and saves.due(step // grad_accum)):
+                here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - progress.step))
+                if stopping:
+                    raise Stopped(epoch, here)
+                saves.save_progress(here)
     total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
     if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
         raise Diverged(epoch, steps, shown=env.is_main)

@@ -1,6 +1,5 @@
 """The data loaders: each rank its shard of the data, --batch-size samples per batch; batches to the device."""
 
-import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -9,31 +8,41 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from . import hardware
 from .child_processes import end_with_the_rank
-from .dealing import DealtBatches
+from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
 
 
 class ResumableSampler(DistributedSampler):
-    """A DistributedSampler that can begin its epoch after `skip_batches` batches: a stopped epoch goes on.
+    """A DistributedSampler that can go on with a stopped epoch: it leaves out the first `consumed` samples of
+    the epoch's order, those the ranks trained before the stop (on this or any other number of processes), and
+    deals the rest as dealing.rest_of_epoch() does (with `consumed` 0, the samples DistributedSampler gives).
 
     It pads the shards to equal length with `padding` repeated samples, so every rank takes as many steps.
     """
 
-    skip_batches = 0
+    consumed = 0
 
     def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int):
         super().__init__(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed)
         self.batch_size = batch_size
 
     def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip_batches * self.batch_size, None)
+        # DistributedSampler's order of the epoch: one permutation of the whole set, whatever the number of ranks.
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        return iter(rest_of_epoch(order, self.consumed, self.rank, self.num_replicas))
 
     def __len__(self) -> int:
-        return max(self.num_samples - self.skip_batches * self.batch_size, 0)
+        return share_size(len(self.dataset), self.consumed, self.num_replicas)
 
     @property
     def padding(self) -> int:
-        return self.total_size - len(self.dataset)
+        return padding_of(len(self.dataset), self.consumed, self.num_replicas)
+
+    def consumed_after(self, batches: int) -> int:
+        """The samples of the epoch's order trained once every rank has trained `batches` more (whole) batches."""
+        return self.consumed + batches * self.batch_size * self.num_replicas
 
 
 def build_loaders(
