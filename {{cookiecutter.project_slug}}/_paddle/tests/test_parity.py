@@ -3,9 +3,9 @@
 Every loop the project ships is checked: its own (engine.train_one_epoch) and, in a
 paddle_api=highlevel project, paddle.Model.fit with its epoch callback (fit.py). Two ranks with batch b, one process with batch b and 2 accumulation steps, and
 two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
-as one process with batch 2b: DistributedBatchSampler draws one permutation
-per epoch on every rank and rank r takes the r-th slice of each global batch,
-so step k covers the same 2b samples in every set-up. The model has no batch
+as one process with batch 2b: the training sampler draws one permutation per
+epoch, the same on every rank, and rank r takes every other sample of it, so
+step k covers the same 2b samples in every set-up. The model has no batch
 norm or dropout, whose results depend on how a batch is split. The loops train it with a
 task of the test's own (the cross-entropy of (inputs, labels) batches), whatever the project's task.
 """
