@@ -63,8 +63,16 @@ SHARED_TESTS = {
     "test_disk_full.py",
 }
 FRAMEWORK_TESTS = {
-    "pytorch": {"test_evaluate.py", "test_checkpoint.py", "test_parity.py", "test_launch.py", "curves.py"},
+    "pytorch": {
+        "test_evaluate.py",
+        "test_checkpoint.py",
+        "test_parity.py",
+        "test_launch.py",
+        "curves.py",
+        "test_clipping.py",
+    },
     "paddle": {
+        "test_clipping.py",
         "test_evaluate.py",
         "test_checkpoint.py",
         "test_parity.py",
@@ -81,6 +89,7 @@ ROOT_FILES = {
     "run.py",
     "predict.sh",
     "predict.py",
+    "export.py",
     "requirements.txt",
     "requirements-dev.txt",
     "requirements-notebook.txt",
@@ -116,6 +125,8 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
         if answers["framework"] == "paddle":
             files.add("tests/test_launcher.py")  # the job's status that paddle's launcher gets wrong
+    if answers["framework"] == "pytorch":
+        files.add(f"{slug}/fsdp.py")  # FSDP2: --strategy fsdp, hsdp
     if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":
         files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}

@@ -425,22 +425,23 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     assert without_timings(read_metrics(output)) == UNINTERRUPTED[key]
 
 
-STEP_SAVE_CASES = [  # (answers, the processes of the resumed job): each Paddle API once, fewer and more ranks
-    ({"framework": "pytorch"}, 3),
-    ({"framework": "paddle", "paddle_api": "basic"}, 1),
-    ({"framework": "paddle", "paddle_api": "highlevel"}, 3),
+STEP_SAVE_CASES = [  # (answers, flags, the processes of the resumed job): each loop once, fewer and more ranks
+    ({"framework": "pytorch"}, [], 1),
+    ({"framework": "pytorch"}, ["--strategy", "fsdp"], 3),
+    ({"framework": "paddle", "paddle_api": "basic"}, [], 1),
+    ({"framework": "paddle", "paddle_api": "highlevel"}, [], 3),
 ]
 
 
-@pytest.mark.parametrize("answers, nproc", STEP_SAVE_CASES, ids=lambda case: str(case))
+@pytest.mark.parametrize("answers, flags, nproc", STEP_SAVE_CASES, ids=lambda case: str(case))
 def test_a_job_killed_between_step_saves_loses_at_most_n_steps_and_goes_on_on_another_number_of_processes(
-    bake, tmp_path, answers, nproc
+    bake, tmp_path, answers, flags, nproc
 ):
     project = bake(**answers)
     with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
         model.write(SLOW_STEPS)
     every = 4
-    args = ["--epochs", "2", "--batch-size", "16", "--log-every", "1", "--save-every-steps", str(every)]
+    args = ["--epochs", "2", "--batch-size", "16", "--log-every", "1", "--save-every-steps", str(every), *flags]
     output = tmp_path / "output"
     job = start_job(project, *args, "--output-dir", str(output))
     log = output / "train.log"
@@ -463,6 +464,45 @@ def test_a_job_killed_between_step_saves_loses_at_most_n_steps_and_goes_on_on_an
     metrics = read_metrics(output)
     assert [m["epoch"] for m in metrics] == [1, 2]  # each epoch once
     assert metrics[1]["train_samples"] == TRAIN_SIZE and metrics[1]["world_size"] == nproc  # none twice, none left out
+
+
+def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_under_either_strategy(bake, tmp_path):
+    project = bake(framework="pytorch")
+    # Batches of 50: 8 validation batches, which 3 processes cannot share evenly (3, 3, 2 passes of a sharded model).
+    args = ["--batch-size", "50", "--output-dir"]
+    train(project, "--epochs", "2", *args, str(tmp_path / "ddp"))
+    train(project, "--epochs", "2", "--strategy", "fsdp", *args, str(tmp_path / "fsdp"))
+    output = tmp_path / "fsdp"
+    checkpoints = output / "checkpoints"
+
+    results = ("train_loss", "val_loss", "val_acc", "train_samples", "val_samples")
+    for ddp, fsdp in zip(read_metrics(tmp_path / "ddp"), read_metrics(output), strict=True):
+        assert [fsdp[key] for key in results] == pytest.approx([ddp[key] for key in results], rel=1e-5)
+    assert {path.name for path in checkpoints.iterdir() if not path.name.startswith("save-")} == {"last", "best"}
+    assert (checkpoints / "last").is_symlink() and len(list(checkpoints.glob("save-*"))) == 1  # older saves removed
+    assert "checkpoint: " + str(checkpoints.resolve() / "last") in (output / "train.log").read_text(encoding="utf-8")
+
+    # The shards of 2 processes, resumed by 1 under DDP (a last.pt then), then by 3 under FSDP again.
+    train(project, "--epochs", "3", *args, str(output), nproc=1)
+    train(project, "--epochs", "4", "--strategy", "fsdp", *args, str(output), nproc=3)
+    log = (output / "train.log").read_text(encoding="utf-8")
+    assert f"resumed from {checkpoints / 'last'} (epoch 2)" in log
+    assert f"resumed from {checkpoints / 'last.pt'} (epoch 3)" in log
+    metrics = read_metrics(output)
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4] and [m["world_size"] for m in metrics] == [2, 2, 1, 3]
+    assert all(m["val_samples"] == VAL_SIZE for m in metrics)
+
+    # predict.py reads the sharded best as it is, and export.py makes one plain file that predicts the same.
+    run_in = lambda *command: run(["python", *command], project)  # noqa: E731
+    exported = run_in("export.py", str(checkpoints / "best"), str(tmp_path / "model.pt"))
+    assert exported.returncode == 0, exported.stderr
+    for checkpoint, written in ((checkpoints / "best", "folder.csv"), (tmp_path / "model.pt", "file.csv")):
+        predicted = run_in("predict.py", "--checkpoint", str(checkpoint), "--input", "data/digits.zip",
+                           "--output", str(tmp_path / written))  # fmt: skip
+        assert predicted.returncode == 0, predicted.stderr
+    assert (tmp_path / "folder.csv").read_text() == (tmp_path / "file.csv").read_text()
+    keys = run_in("-c", f"import torch; print(sorted(torch.load({str(tmp_path / 'model.pt')!r}, weights_only=True)))")
+    assert keys.stdout.split() == ["['data',", "'model']"]
 
 
 TIMINGS = ("epoch_time_s", "data_wait")  # clock readings, not results

@@ -11,11 +11,13 @@ import shutil
 from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, submission, task
 from {{ cookiecutter.project_slug }}.data import build_predict_set
 from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors
+from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 
 
 @explain_user_errors
 def predict(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
+    args.checkpoint = args.checkpoint or inference.checkpoint_path(PROJECT_ROOT / "output", "best")
     try:
         log = logs.setup_logging(None, env.rank)
         # One read of the checkpoint: the model, and what predicting needs (class names, how inputs were read).

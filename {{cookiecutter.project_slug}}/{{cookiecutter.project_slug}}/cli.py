@@ -9,10 +9,16 @@ from typing import NoReturn
 from . import workspace
 from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK, SAMPLE
-from .workspace import ARCHIVE_SUFFIXES, PROJECT_ROOT, SAMPLE_DATA_DIR
+from .workspace import ARCHIVE_SUFFIXES, SAMPLE_DATA_DIR
 
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05
+STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp",)}[FRAMEWORK]
+STRATEGY_HELP = {
+    "pytorch": "fsdp: each holds a shard of the parameters, gradients and optimizer state (FSDP2), for models "
+    "that do not fit one GPU; hsdp: sharded within each machine, replicated across machines",
+    "paddle": "(sharding is on its way)",
+}[FRAMEWORK]
 
 
 def positive_int(text: str) -> int:
@@ -157,6 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
         "world size), which must be whole; a resumed run keeps the G it was started with",
     )
     parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="ddp",
+        help="ddp: every process holds the whole model; " + STRATEGY_HELP,
+    )
+    parser.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute the activations of the model's blocks (FSDP_UNITS in model.py) in the backward pass instead "
+        "of keeping them: less memory, about a third more compute",
+    )
+    parser.add_argument(
         "--clip-grad-norm",
         type=positive_number,
         metavar="X",
@@ -256,9 +274,8 @@ def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--checkpoint",
-        default=str(PROJECT_ROOT / "output" / "checkpoints" / f"best.{'pt' if FRAMEWORK == 'pytorch' else 'pdparams'}"),
-        help="a checkpoint run.py wrote: it holds what predicting needs (class names, how inputs were read) "
-        "(default: output/'s best)",
+        help="a checkpoint run.py wrote (a file, or a sharded save's folder): it holds what predicting needs (class "
+        "names, how inputs were read) (default: output/'s best)",
     )
     parser.add_argument(
         "--input",
@@ -346,3 +363,13 @@ def folder_for_archive(archive: Path) -> Path:
         if name.lower().endswith(suffix):
             return archive.with_name(name[: -len(suffix)])
     return archive.with_name(name + ".data")
+
+
+def parse_export_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = OneLineParser(
+        prog="export.py",
+        description="Write the model weights of a checkpoint (a file, or a sharded save's folder) as one plain file.",
+    )
+    parser.add_argument("checkpoint", help="a save run.py wrote: OUTPUT_DIR/checkpoints/best.*, last.*, best, last")
+    parser.add_argument("output", help="the file to write: the model's state dict alone")
+    return parser.parse_args(argv)

@@ -13,7 +13,9 @@ class DealtBatches:
 
     def __init__(self, dataset_size: int, batch_size: int, rank: int = 0, world_size: int = 1):
         self.dataset_size, self.batch_size = dataset_size, batch_size
-        self.numbers = list(range(rank, -(-dataset_size // batch_size), world_size))
+        batches = -(-dataset_size // batch_size)
+        self.numbers = list(range(rank, batches, world_size))
+        self.most_batches = -(-batches // world_size)  # those of the ranks with most
 
     def size_of(self, number: int) -> int:
         """The samples in batch `number`: all but the very last batch are full."""

@@ -115,6 +115,8 @@ class CheckpointerBase:
     streams and schedule (its base rate, and the factor of the epoch it is at).
     """
 
+    _every_rank_writes = False  # a framework's Checkpointer sets it where each rank saves its own shards
+
     def __init__(
         self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None,
         best: tuple[str, str] = ("acc", "max"),
@@ -207,10 +209,10 @@ class CheckpointerBase:
         return fitting
 
     def _save(self, state: TrainingState, is_best: bool) -> None:
-        # Every rank's random streams and progress are gathered; only rank 0 writes.
+        # Every rank's random streams and progress are gathered; only rank 0 writes (every rank its shards).
         per_rank = distributed.all_gather_object((self._capture_rng(), state.progress.to_dict()))
         problem = None
-        if self.env.is_main:
+        if self.env.is_main or self._every_rank_writes:
             training = {
                 "epoch": state.epochs_done,
                 "best_metric": state.best_metric,

@@ -49,12 +49,15 @@ def train(args) -> None:
         data = seam.data_description(train_set, num_classes)
         network = build_model(num_classes, **seam.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = distributed.wrap_model(network, env, args.find_unused_parameters, args.compile, args.channels_last)
+        amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
+        model = distributed.wrap_model(
+            network, env, args.find_unused_parameters, args.compile, args.channels_last, args.strategy,
+            args.activation_checkpointing, amp_dtype,
+        )  # fmt: skip
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         optimizer = distributed.wrap_optimizer(optimizer)
-        amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
         scaler = engine.grad_scaler(amp_dtype)
 
         output_dir = Path(args.output_dir)
@@ -101,7 +104,8 @@ def train(args) -> None:
             preemption.leave(stopped, checkpoints.last_path)
         finally:
             tracker.close()
-        log.info("done: best %s; checkpoint: %s", logs.best_of(state), checkpoints.last_path.resolve())
+        last = checkpoints.last_path.parent.resolve() / checkpoints.last_path.name  # a sharded save's link, kept
+        log.info("done: best %s; checkpoint: %s", logs.best_of(state), last)
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()
     finally:

@@ -50,15 +50,17 @@ class TaskLoss(paddle.nn.Layer):
 
 
 def paddle_model(
-    network: paddle.nn.Layer, loader: DataLoader, compile: bool = False, channels_last: bool = False
-) -> paddle.Model:
-    """paddle.Model around the network and the task's loss, for the batches of `loader` (--compile and
-    --channels-last are PyTorch's: the log says so).
+    network: paddle.nn.Layer, loader: DataLoader, compile: bool = False, channels_last: bool = False,
+    activation_checkpointing: bool = False,
+) -> paddle.Model:  # fmt: skip
+    """paddle.Model around the network and the task's loss, for the batches of `loader` (--compile,
+    --channels-last and --activation-checkpointing are PyTorch's: the log says so).
 
     On several ranks it wraps the network in DataParallel itself, calling init_parallel_env()
     again (distributed.setup() has joined: paddle keeps that process group).
     """
-    distributed._say_pytorch_only(compile, channels_last)  # the package's own helpers, as wrap_model() uses them
+    # The package's own helper, as wrap_model() uses it.
+    distributed._say_pytorch_only(compile, channels_last, activation_checkpointing)
     dataset = loader.dataset
     structure = (getattr(dataset, "collate", None) or paddle.io.dataloader.collate.default_collate_fn)([dataset[0]])
     inputs = [InputSpec([None], name=f"batch_{index}") for index in range(len(paddle.utils.flatten(structure)))]

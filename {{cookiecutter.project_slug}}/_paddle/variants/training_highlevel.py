@@ -50,7 +50,7 @@ def train(args) -> None:
         data = seam.data_description(train_set, num_classes)
         network = build_model(num_classes, **seam.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = fit.paddle_model(network, train_loader, args.compile, args.channels_last)
+        model = fit.paddle_model(network, train_loader, args.compile, args.channels_last, args.activation_checkpointing)
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
         fit.clip_gradients(optimizer, args.clip_grad_norm)

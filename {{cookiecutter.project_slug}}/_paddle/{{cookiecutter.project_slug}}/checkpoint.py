@@ -183,6 +183,21 @@ def read_weights(checkpoint: Path) -> tuple[dict, dict]:
     return weights, data if isinstance(data, dict) else {}
 
 
+def newest(directory: Path, name: str) -> Path | None:
+    """The save of `name` (LAST, BEST) in `directory`, where there is one: a Paddle run saves one form, the file."""
+    return directory / name if (directory / name).is_file() else None
+
+
+def export_weights(checkpoint: Path, output: Path) -> Path:
+    """export.py: the model weights of `checkpoint` as one .pdparams (its data description in the .json beside
+    it, so predict.py takes it too); returns the file written."""
+    weights, data = read_weights(checkpoint)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    paddle.save(weights, str(output))
+    output.with_suffix(_DATA).write_text(json.dumps(data), encoding="utf-8")
+    return output
+
+
 def _save_synced(obj, path: Path) -> None:
     paddle.save(obj, str(path))
     _sync(path)

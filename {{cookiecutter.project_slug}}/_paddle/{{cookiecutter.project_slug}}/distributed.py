@@ -285,15 +285,15 @@ def sync_batch_norm(model: paddle.nn.Layer, env: DistEnv, enabled: bool) -> padd
 
 def wrap_model(
     model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
-    channels_last: bool = False,
+    channels_last: bool = False, strategy: str = "ddp", activation_checkpointing: bool = False, amp_dtype=None,
 ) -> paddle.nn.Layer:  # fmt: skip
     """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
 
-    Under fleetrun fleet.init() makes its groups here and fleet.distributed_model() wraps. --compile and
-    --channels-last are PyTorch's: paddle's counterparts (paddle.jit.to_static, a data_format per layer)
-    change the model itself, so the log says they are not applied.
+    Under fleetrun fleet.init() makes its groups here and fleet.distributed_model() wraps. --compile,
+    --channels-last and --activation-checkpointing are PyTorch's: paddle's counterparts (paddle.jit.to_static, a
+    data_format per layer, recompute()) change the model itself, so the log says they are not applied.
     """
-    _say_pytorch_only(compile, channels_last)
+    _say_pytorch_only(compile, channels_last, activation_checkpointing)
     if env.world_size == 1:
         return model
     if LAUNCHER != "fleetrun":
@@ -310,19 +310,18 @@ def wrap_model(
     return fleet.distributed_model(model)
 
 
-def _say_pytorch_only(compile: bool, channels_last: bool) -> None:
-    for flag, asked in (("--compile", compile), ("--channels-last", channels_last)):
-        if asked:
-            _log.info("%s is PyTorch's (paddle's counterpart changes the model): the model runs as it is", flag)
+def _say_pytorch_only(compile: bool, channels_last: bool, recompute: bool = False) -> None:
+    flags = {"--compile": compile, "--channels-last": channels_last, "--activation-checkpointing": recompute}
+    for flag in [flag for flag, asked in flags.items() if asked]:
+        _log.info("%s is PyTorch's (paddle's counterpart changes the model): the model runs as it is", flag)
 
 
 def _groups_of_all_ranks_are_the_global_group(env: DistEnv):
     """While fleet.init() makes its data-parallel groups on CPU, one of all ranks is the global group, not a new one.
 
-    Paddle's gloo groups meet under the same store keys, group after group: a rank can read a peer's address
-    from the group before and fail with "Connection refused" or a TIMEOUT (seen in 1 of 4 two-machine jobs
-    on a busy host). For data parallel, fleet's groups hold all ranks, which the global group already joins.
-    """
+    Paddle's gloo groups meet under the same store keys, group after group: a rank can read a peer's address from
+    the group before and fail with "Connection refused" or a TIMEOUT (1 in 4 two-machine jobs on a busy host).
+    For data parallel, fleet's groups hold all ranks, which the global group already joins."""
     if env.on_gpu:
         return contextlib.nullcontext()
     all_ranks, new_group = list(range(env.world_size)), dist.new_group

@@ -10,14 +10,16 @@ from pathlib import Path
 import paddle
 
 from . import loaders, seam, task
-from .checkpoint import BEST, LAST, read_weights
+from .checkpoint import BEST, LAST, newest, read_weights
 from .errors import UserError
 from .model import build_model
 
 
 def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
-    """The best (by task.py's BEST_METRIC) or last checkpoint a run wrote into `output_dir`."""
-    return Path(output_dir) / "checkpoints" / {"best": BEST, "last": LAST}[which]
+    """The best (by task.py's BEST_METRIC) or last checkpoint a run wrote into `output_dir` (its path where there
+    is none)."""
+    directory, name = Path(output_dir) / "checkpoints", {"best": BEST, "last": LAST}[which]
+    return newest(directory, name) or directory / name
 
 
 def pick_device(device: str = "auto") -> str:

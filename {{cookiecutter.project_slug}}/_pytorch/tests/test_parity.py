@@ -1,4 +1,5 @@
-"""The scaffold's own loop trains the same model however the global batch is split.
+"""The scaffold's own loop trains the same model however the global batch is split, and whether each rank holds
+the whole model (DDP) or a shard of it (FSDP).
 
 Two ranks with batch b, one process with batch b and 2 accumulation steps, and
 two ranks with batch b/2 and 2 accumulation steps all take the same SGD steps
@@ -20,6 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from conftest import rank_results, save_rank_result
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.project_slug }} import distributed, engine, loaders
@@ -53,14 +55,15 @@ def cross_entropy(model, batch) -> torch.Tensor:
 CLASSIFICATION = SimpleNamespace(training_loss=cross_entropy)
 
 
-def train(batch_size: int, grad_accum: int) -> dict:
-    """Train with the project's loaders, DDP wrapper and loop; return parameters and per-epoch stats."""
+def train(batch_size: int, grad_accum: int, strategy: str = "ddp") -> dict:
+    """Train with the project's loaders, model wrapper (DDP, or FSDP's shards) and loop; return parameters and
+    per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
         with pytest.MonkeyPatch.context() as patch:  # in this process: a spawned rank's, or the test's own
             patch.setattr(engine, "task", CLASSIFICATION)
             train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
-            model = distributed.wrap_model(small_mlp(), env)
+            model = distributed.wrap_model(small_mlp(), env, strategy=strategy)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
             scaler = engine.grad_scaler(False)
             epochs = [
@@ -69,9 +72,11 @@ def train(batch_size: int, grad_accum: int) -> dict:
                 )
                 for epoch in range(1, EPOCHS + 1)
             ]
+            # The whole tensors on every rank (a sharded model's gathered from all of them).
+            weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
-            "parameters": [p.detach().numpy().copy() for p in distributed.unwrap(model).parameters()],
+            "parameters": [weight.detach().numpy().copy() for weight in weights.values()],
             "losses": np.array([stats["loss"] for stats in epochs]),
             "samples": np.array([stats["samples"] for stats in epochs]),
         }
@@ -79,12 +84,14 @@ def train(batch_size: int, grad_accum: int) -> dict:
         distributed.cleanup()
 
 
-def rank_worker(rank: int, world_size: int, port: int, batch_size: int, grad_accum: int, out_dir: str) -> None:
+def rank_worker(
+    rank: int, world_size: int, port: int, batch_size: int, grad_accum: int, strategy: str, out_dir: str
+) -> None:
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size)
     )
-    save_rank_result(out_dir, rank, train(batch_size, grad_accum))
+    save_rank_result(out_dir, rank, train(batch_size, grad_accum, strategy))
 
 
 def free_port() -> int:
@@ -93,12 +100,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
+def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int, strategy: str = "ddp") -> list[dict]:
     """Train in world_size spawned processes joined by gloo; every rank's result."""
-    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
+    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}_{strategy}"
     out_dir.mkdir()
     port = free_port()
-    mp.spawn(rank_worker, args=(world_size, port, batch_size, grad_accum, str(out_dir)), nprocs=world_size)
+    mp.spawn(rank_worker, args=(world_size, port, batch_size, grad_accum, strategy, str(out_dir)), nprocs=world_size)
     return rank_results(out_dir, world_size)
 
 
@@ -141,6 +148,16 @@ def test_one_process_accumulating_two_batches_of_b_matches_one_batch_of_2b(one_p
 
 def test_two_ranks_accumulating_without_sync_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
     ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B // 2, grad_accum=2)
+
+    for result in ranks:
+        assert_same_training(result, one_process_with_batch_2b)
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_two_ranks_sharding_the_model_with_fsdp_match_one_process_with_batch_2b(
+    tmp_path, one_process_with_batch_2b, grad_accum
+):
+    ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B // grad_accum, grad_accum=grad_accum, strategy="fsdp")
 
     for result in ranks:
         assert_same_training(result, one_process_with_batch_2b)

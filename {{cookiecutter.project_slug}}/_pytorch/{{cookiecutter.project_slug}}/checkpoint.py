@@ -1,4 +1,4 @@
-"""Checkpoints: written by global rank 0 only, atomically; read back on every rank.
+"""Checkpoints: written by global rank 0 only, atomically (a sharded model's: by every rank); read back on every rank.
 
 DIR/checkpoints/last.pt holds everything needed to continue (model, optimizer,
 scheduler, AMP scaler, epochs done, the best metric's name, direction and value, every
@@ -7,37 +7,59 @@ best.pt is a copy of the epoch with the best value of task.py's BEST_METRIC. Fil
 name and os.replace()d, so a crash mid-save leaves the previous checkpoint intact.
 They load with torch.load(weights_only=True). What is the same in Paddle (the
 training state, the best epoch, resuming on every rank) is state.CheckpointerBase.
+
+A sharded model (--strategy fsdp, hsdp) saves no single file: each rank writes its shards of the model and
+optimizer into a new folder (torch.distributed.checkpoint), rank 0 adds training.pt (the rest, written last:
+a folder without it is incomplete), and then points the link DIR/checkpoints/last (and best) at the folder, a
+switch as whole as os.replace(). Either form resumes under either strategy, on any number of processes.
 """
 
 import os
 import pickle
 import random
 import shutil
+import time
+import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from . import distributed
+from . import distributed, fsdp
 from .errors import UserError
 from .state import CheckpointerBase
 
 LAST, BEST = "last.pt", "best.pt"
+_SHARDED = {LAST: "last", BEST: "best"}  # the links to sharded saves' folders
+_TRAINING = "training.pt"  # in a sharded save's folder
 STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "rng", "progress")
 
 
 class Checkpointer(CheckpointerBase):
     @property
+    def _sharded(self) -> bool:
+        return fsdp.is_sharded(self.model)
+
+    @property
+    def _every_rank_writes(self) -> bool:
+        return self._sharded
+
+    @property
     def last_path(self) -> Path:
-        return self.directory / LAST
+        return self.directory / (_SHARDED[LAST] if self._sharded else LAST)
 
     def _write(self, training: dict, is_best: bool) -> None:
+        if self._sharded:
+            self._write_shards(training, is_best)
+            return
         checkpoint = {
             "model": distributed.unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scaler": self._scaler_state(),
             **training,
         }
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -45,34 +67,67 @@ class Checkpointer(CheckpointerBase):
         if is_best:
             _atomic_copy(self.last_path, self.directory / BEST)
 
+    def _write_shards(self, training: dict, is_best: bool) -> None:
+        """Every rank its shards, into a new folder; rank 0 then training.pt and the switch of the links."""
+        folder = self.directory / distributed.share_from_main(f"save-{time.time_ns()}", "rank 0's name of the save")
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=folder)
+        if self.env.is_main:
+            rest = {"scheduler": self.scheduler.state_dict(), "scaler": self._scaler_state(), **training}
+            _atomic_save(rest, folder / _TRAINING)
+            _point(self.directory / _SHARDED[LAST], folder)
+            if is_best:
+                _point(self.directory / _SHARDED[BEST], folder)
+            _remove_unlinked_saves(self.directory)
+
+    def _scaler_state(self) -> dict | None:
+        return self.scaler.state_dict() if self.scaler is not None else None
+
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)
         fitting = self._fitting(model.state_dict(), read_weights(path)[0], path)
-        model.load_state_dict(fitting, strict=False)
+        options = StateDictOptions(full_state_dict=True, strict=False)  # a sharded model keeps its part
+        set_state_dict(model, [], model_state_dict=fitting, options=options)
 
     def _read(self, how: str) -> tuple[Path, dict] | None:
         """The checkpoint `how` names, loaded into the model, optimizer, scheduler and scaler; None: start afresh."""
         if how == "none":
             return None
-        path = self.last_path if how == "auto" else Path(how)
-        if not path.exists():
+        path = newest(self.directory, LAST) if how == "auto" else Path(how)
+        if path is None or not path.exists():
             if how == "auto":
                 return None
-            raise UserError(f"checkpoint {path} not found: pass --resume auto, none, or an existing file")
-        checkpoint = _load_checkpoint(path)
-        try:
-            distributed.unwrap(self.model).load_state_dict(checkpoint["model"])
-        except RuntimeError as error:
-            detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
             raise UserError(
-                f"checkpoint {path} does not match the model ({detail}): use a new --output-dir for a new model"
-            ) from None
-        self.optimizer.load_state_dict(checkpoint["optimizer"])  # moves its state to the parameters' device
+                f"checkpoint {path} not found: pass --resume auto, none, or an existing file (or sharded folder)"
+            )
+        checkpoint = self._read_shards(path) if path.is_dir() else self._read_file(path)
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         # A run without loss scaling (CPU, --no-amp, bfloat16) saved {}: the scaler starts afresh then.
         if self.scaler is not None and checkpoint["scaler"]:
             self.scaler.load_state_dict(checkpoint["scaler"])
         return path, checkpoint
+
+    def _read_file(self, path: Path) -> dict:
+        checkpoint = _load_checkpoint(path)
+        with _mismatch_explained(path):
+            if self._sharded:  # each rank keeps its shards of the whole tensors
+                optimizer = _keyed_by_name(checkpoint["optimizer"], self.optimizer, self.model)
+                set_state_dict(self.model, self.optimizer, model_state_dict=checkpoint["model"],
+                               optim_state_dict=optimizer, options=StateDictOptions(full_state_dict=True))  # fmt: skip
+            else:
+                distributed.unwrap(self.model).load_state_dict(checkpoint["model"])
+                self.optimizer.load_state_dict(checkpoint["optimizer"])  # moves its state to the parameters' device
+        return checkpoint
+
+    def _read_shards(self, folder: Path) -> dict:
+        """A sharded save, on this rank: its part of each tensor (the whole tensor for an unsharded model)."""
+        checkpoint = _load_checkpoint(folder / _TRAINING, keys=STATE_KEYS[2:])
+        model = self.model if self._sharded else distributed.unwrap(self.model)
+        weights, optimizer = get_state_dict(model, self.optimizer)
+        with _mismatch_explained(folder):
+            dcp.load({"model": weights, "optimizer": optimizer}, checkpoint_id=folder)
+            set_state_dict(model, self.optimizer, model_state_dict=weights, optim_state_dict=optimizer)
+        return checkpoint
 
     def _reapply_schedule(self) -> None:
         """Set the learning rate the schedule gives at its current epoch.
@@ -118,7 +173,7 @@ class Checkpointer(CheckpointerBase):
             torch.cuda.set_rng_state(state["cuda"], self.env.device)
 
 
-def _load_checkpoint(path: Path) -> dict:
+def _load_checkpoint(path: Path, keys: tuple[str, ...] = STATE_KEYS) -> dict:
     try:
         # weights_only: a checkpoint can hold tensors and plain data, never code. Onto the CPU: each piece goes
         # where it belongs from there (load_state_dict() moves weights and optimizer state to the model's device),
@@ -129,16 +184,60 @@ def _load_checkpoint(path: Path) -> dict:
             f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): continue from another one "
             f"with --resume {path.with_name(BEST)}, or start in a new --output-dir"
         ) from None
-    if not isinstance(state, dict) or not all(key in state for key in STATE_KEYS):
+    if not isinstance(state, dict) or not all(key in state for key in keys):
         raise UserError(
-            f"{path} is not a checkpoint written by run.py (it needs {', '.join(STATE_KEYS)}): "
+            f"{path} is not a checkpoint written by run.py (it needs {', '.join(keys)}): "
             "pass --resume with a last.pt or best.pt, or start in a new --output-dir"
         )
     return state
 
 
+class _mismatch_explained:
+    """A checkpoint of another model (names or shapes that differ): one line, not the loader's traceback."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if isinstance(error, RuntimeError | KeyError | ValueError):  # dcp's CheckpointException is a RuntimeError
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            detail = lines[1] if len(lines) > 1 else (lines[0] if lines else kind.__name__)
+            raise UserError(
+                f"checkpoint {self.path} does not match the model ({detail}): use a new --output-dir for a new model"
+            ) from None
+        return False
+
+
+def _keyed_by_name(state: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
+    """An optimizer.state_dict() (its parameters numbered in the optimizer's order) keyed by the parameters'
+    names instead, as torch.distributed.checkpoint's state dicts are."""
+    names = {id(parameter): name for name, parameter in distributed.unwrap(model).named_parameters()}
+    order = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+    return {
+        "state": {order[number]: values for number, values in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [order[number] for number in group["params"]]} for group in state["param_groups"]
+        ],
+    }
+
+
+def newest(directory: Path, name: str) -> Path | None:
+    """The newer complete save of `name` (LAST, BEST) in `directory`: the file, or the sharded folder; None."""
+    saves = [path for path in (directory / name, directory / _SHARDED[name] / _TRAINING) if path.is_file()]
+    if not saves:
+        return None
+    path = max(saves, key=lambda save: save.stat().st_mtime)
+    return path.parent if path.name == _TRAINING else path
+
+
 def read_weights(checkpoint: Path) -> tuple[dict, dict]:
-    """The model weights and the data description (images.data_description()) of a checkpoint, or of a bare state dict."""
+    """The model weights and the data description (seam.data_description()) of a checkpoint (a file, or a sharded
+    save's folder, read whole), or of a bare state dict."""
+    if checkpoint.is_dir():
+        return _sharded_weights(checkpoint), _load_checkpoint(checkpoint / _TRAINING, keys=STATE_KEYS[2:])["data"]
     if not checkpoint.is_file():
         raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
     try:
@@ -149,6 +248,50 @@ def read_weights(checkpoint: Path) -> tuple[dict, dict]:
     if not isinstance(weights, dict) or not weights:
         raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
     return weights, state.get("data") or {}
+
+
+def export_weights(checkpoint: Path, output: Path) -> Path:
+    """export.py: the model weights of `checkpoint` as one file, {"model": state dict, "data": its description}
+    (predict.py takes it too); returns the file written."""
+    weights, data = read_weights(checkpoint)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_save({"model": weights, "data": data}, output)
+    return output
+
+
+def _sharded_weights(folder: Path) -> dict:
+    """The whole model of a sharded save, in this process alone (no collective): tensors of the sizes its
+    metadata records, filled from every rank's shards."""
+    reader = dcp.FileSystemReader(folder)
+    try:
+        stored = reader.read_metadata().state_dict_metadata
+    except (OSError, pickle.UnpicklingError) as error:
+        raise UserError(f"checkpoint {folder} is corrupt or unreadable ({error.__class__.__name__})") from None
+    weights = {
+        key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for key, meta in stored.items()
+        if key.startswith("model.")
+    }
+    with warnings.catch_warnings():  # that it reads in this process alone: as asked
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    return weights
+
+
+def _point(link: Path, folder: Path) -> None:
+    """Point `link` at `folder` in one step: a new link, os.replace()d over the old one."""
+    temporary = link.with_name(f".{link.name}.tmp")
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(folder.name)
+    os.replace(temporary, link)
+
+
+def _remove_unlinked_saves(directory: Path) -> None:
+    """Sharded saves neither link points at: older ones, and any a crash left incomplete."""
+    kept = {(directory / link).resolve() for link in _SHARDED.values()}
+    for folder in directory.glob("save-*"):
+        if folder.resolve() not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _atomic_save(state: dict, path: Path) -> None:

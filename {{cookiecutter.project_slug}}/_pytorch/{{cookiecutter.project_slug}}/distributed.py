@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from . import hardware
+from . import fsdp, hardware
 from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
@@ -202,13 +202,20 @@ def sync_batch_norm(model: torch.nn.Module, env: DistEnv, enabled: bool) -> torc
 
 def wrap_model(
     model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
-    channels_last: bool = False,
+    channels_last: bool = False, strategy: str = "ddp", activation_checkpointing: bool = False,
+    amp_dtype: str | None = None,
 ) -> torch.nn.Module:  # fmt: skip
     """The model on this rank's device (in channels-last memory format with --channels-last: convolutions then
-    run on channels-last inputs), in DistributedDataParallel on several ranks, then torch.compile()d with
-    --compile (the order PyTorch documents for DDP). unwrap() gives the plain model back."""
+    run on channels-last inputs), on several ranks in DistributedDataParallel (`strategy` ddp) or sharded by
+    FSDP2 (fsdp, hsdp: fsdp.py), then torch.compile()d with --compile (the order PyTorch documents).
+    unwrap() gives the model back without DDP's and compile's wrappers (FSDP's shards stay)."""
     model = model.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-    if env.world_size > 1:
+    if activation_checkpointing:
+        fsdp.checkpoint_activations(model)
+    if env.world_size > 1 and strategy in ("fsdp", "hsdp"):
+        machines = env.world_size // env.local_world_size if strategy == "hsdp" else 1
+        model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype)
+    elif env.world_size > 1:
         device_ids = [env.local_rank] if env.on_gpu else None
         model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
     return torch.compile(model) if compile else model

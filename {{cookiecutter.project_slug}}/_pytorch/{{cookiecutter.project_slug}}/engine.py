@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from . import distributed, hardware, loaders, seam, task
+from . import distributed, fsdp, hardware, loaders, seam, task
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
@@ -58,9 +58,8 @@ def train_one_epoch(
     for step, batch in enumerate(batches, progress.step + 1):
         batch = loaders.to_device(batch, env.device)
         steps_now = step % grad_accum == 0 or step == steps
-        # Gradients are all-reduced only on the micro-batch that steps the optimizer.
-        sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
-        with sync:
+        # Gradients are reduced only on the micro-batch that steps the optimizer.
+        with _gradient_sync(model, steps_now):
             with _autocast(env, amp_dtype), seam.calling("training_loss", batch):
                 loss = seam.checked_loss(task.training_loss(model, batch), batch)
             scaler.scale(loss / grad_accum).backward()
@@ -98,15 +97,20 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     The loader deals whole batches to the ranks (loaders.DealtBatches): each batch is the same
     whatever the number of processes, each sample counted once.
     """
-    # The unwrapped model: ranks run different numbers of batches, and DDP's forward would wait for the others.
-    model = distributed.unwrap(model)
+    dealt = loader.batch_sampler
+    # Ranks run different numbers of batches: DDP's forward would wait for the others, so the unwrapped model
+    # runs them; a sharded model needs every rank in every forward, so ranks with fewer batches make up the
+    # difference with passes over batch 0 that count for nothing.
+    sharded = fsdp.is_sharded(model)
+    model = model if sharded else distributed.unwrap(model)
     _rank_0s_buffers(model, env)
     model.eval()
-    dealt = loader.batch_sampler
     mine = [
         _contribution(model, batch, number, dealt, env, amp_dtype)
         for number, batch in zip(dealt.numbers, loader, strict=True)
     ]
+    for _ in range(dealt.most_batches - len(dealt.numbers) if sharded else 0):
+        _contribution(model, _batch(loader, 0), 0, dealt, env, amp_dtype)
     # One collective after the loop (ranks have different numbers of batches): every rank gets every batch's part.
     everyone = [part for rank in distributed.all_gather_object(mine) for part in rank]
     return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}
@@ -119,13 +123,31 @@ def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = 
     they miss, or a batch they cannot read, ends the run now in one line (training_loss() meets its first batch
     at the first step). The batch is made here, not by the loader, whose workers keep their place."""
     dealt = loader.batch_sampler
-    if not dealt.numbers:
+    sharded = fsdp.is_sharded(model)
+    if not (dealt.numbers or sharded and dealt.most_batches):  # a sharded model's forward needs every rank
         return
-    model = distributed.unwrap(model)
+    model = model if sharded else distributed.unwrap(model)
     model.eval()
-    number = dealt.numbers[0]
-    batch = loader.collate_fn([loader.dataset[index] for index in dealt.indices(number)])
-    seam.metrics_of(task, [_contribution(model, batch, number, dealt, env, amp_dtype)], dealt.size_of(number))
+    number = dealt.numbers[0] if dealt.numbers else 0
+    part = _contribution(model, _batch(loader, number), number, dealt, env, amp_dtype)
+    if dealt.numbers:
+        seam.metrics_of(task, [part], dealt.size_of(number))
+
+
+def _batch(loader: DataLoader, number: int):
+    """Validation batch `number`, made here: the loader's workers keep their place."""
+    return loader.collate_fn([loader.dataset[index] for index in loader.batch_sampler.indices(number)])
+
+
+def _gradient_sync(model, enabled: bool):
+    """A context for backward(): gradients reduced across ranks (`enabled`), or kept local to be summed with the
+    next micro-batch's (gradient accumulation): DDP's no_sync(), FSDP's own switch."""
+    model = getattr(model, "_orig_mod", model)
+    if fsdp.is_sharded(model):
+        model.set_requires_gradient_sync(enabled)
+    elif not enabled and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def _rank_0s_buffers(model, env: DistEnv) -> None:

@@ -10,14 +10,16 @@ from pathlib import Path
 import torch
 
 from . import loaders, seam, task
-from .checkpoint import BEST, LAST, read_weights
+from .checkpoint import BEST, LAST, newest, read_weights
 from .errors import UserError
 from .model import build_model
 
 
 def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
-    """The best (by task.py's BEST_METRIC) or last checkpoint a run wrote into `output_dir`."""
-    return Path(output_dir) / "checkpoints" / {"best": BEST, "last": LAST}[which]
+    """The best (by task.py's BEST_METRIC) or last checkpoint a run wrote into `output_dir`: the file, or the
+    sharded save's folder (--strategy fsdp), whichever is newer; the file's path where there is neither."""
+    directory, name = Path(output_dir) / "checkpoints", {"best": BEST, "last": LAST}[which]
+    return newest(directory, name) or directory / name
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:
@@ -43,7 +45,7 @@ def load_for_inference(
     num_classes: the network's outputs; by default the checkpoint's, or for a bare state dict the size of the
     last tensor of its weights (the classifier's bias in most networks). build_model() gets what the checkpoint
     records that it names as parameters (channels, a vocabulary's size, ...). A last.pt or best.pt run.py
-    wrote, or a bare state dict.
+    wrote (or the folder of a sharded save), or a bare state dict.
     """
     return load_with_data(checkpoint, device, num_classes)[0]
 

@@ -1,0 +1,58 @@
+"""--strategy fsdp / hsdp (FSDP2): each rank keeps a shard of every parameter, its gradient and its optimizer state.
+
+The model is sharded unit by unit: the modules of the classes model.py names in FSDP_UNITS (for a transformer,
+one line: FSDP_UNITS = (nn.TransformerEncoderLayer,)), or else each direct child of the model that holds
+parameters; then the whole model, for what is left. A unit's full parameters exist only during its forward and
+backward, so a rank holds its shards and one whole unit at a time. --activation-checkpointing recomputes the
+same units' activations in the backward pass instead of keeping them (any strategy).
+"""
+
+import torch
+from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from . import model as user_model
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def shard(model: nn.Module, device_type: str, world_size: int, machines: int, amp_dtype: str | None) -> nn.Module:
+    """`model` sharded over the job's ranks (machines 1: fsdp), or within each machine and replicated across the
+    `machines` (hsdp: a shard's all-gathers stay on the machine's fast links). Its parameters compute in the
+    run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32."""
+    shape = (machines, world_size // machines) if machines > 1 else (world_size,)
+    mesh = init_device_mesh(device_type, shape)
+    policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(amp_dtype), reduce_dtype=torch.float32)
+    for unit in units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def checkpoint_activations(model: nn.Module) -> None:
+    """--activation-checkpointing: the units' activations are recomputed in the backward pass (state dict keys
+    unchanged)."""
+    for unit in units(model):
+        checkpoint(unit)
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The modules of FSDP_UNITS's classes (the outermost ones), or the model's children that hold parameters."""
+    classes = tuple(getattr(user_model, "FSDP_UNITS", ()))
+    if not classes:
+        return [child for child in model.children() if next(child.parameters(), None) is not None]
+    found = []
+    for module in model.modules():
+        if module is not model and isinstance(module, classes) and not any(_within(module, unit) for unit in found):
+            found.append(module)
+    return found
+
+
+def _within(module: nn.Module, unit: nn.Module) -> bool:
+    return any(module is inner for inner in unit.modules())
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)

@@ -1,0 +1,20 @@
+"""Write a checkpoint's model as one plain file, for use outside this project.
+
+python export.py output/checkpoints/best{{ ".pt" if cookiecutter.framework == "pytorch" else ".pdparams" }} model{{ ".pt" if cookiecutter.framework == "pytorch" else ".pdparams" }}
+
+CHECKPOINT: any save run.py wrote (best or last; a file, or the folder of a sharded run's save, which it reads
+whole). OUTPUT: {% if cookiecutter.framework == "pytorch" %}torch.load(OUTPUT, weights_only=True)["model"] is the plain model's state dict{% else %}paddle.load(OUTPUT) is the plain model's state dict{% endif %}.
+"""
+
+from pathlib import Path
+
+from {{ cookiecutter.project_slug }} import checkpoint, cli
+from {{ cookiecutter.project_slug }}.errors import UserError
+
+if __name__ == "__main__":
+    args = cli.parse_export_args()
+    try:
+        written = checkpoint.export_weights(Path(args.checkpoint), Path(args.output))
+    except UserError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"exported the model of {args.checkpoint}: {written}")
