@@ -103,12 +103,12 @@ def copy_of_project(project_root: Path, folder: Path, ignore: tuple[str, ...] = 
 
 
 def save_rank_result(folder: str | Path, rank: int, result: dict) -> None:
-    """A spawned rank's training result (numpy arrays: its parameters, per-epoch losses and samples) in
-    folder/rank<rank>.npz, for the test that started it to read with rank_results()."""
+    """A spawned rank's training result (numpy arrays and numbers: its parameters, per-epoch losses and samples,
+    ...) in folder/rank<rank>.npz, for the test that started it to read with rank_results()."""
     import numpy as np
 
     path = Path(folder) / f"rank{rank}.npz"
-    np.savez(path, *result["parameters"], losses=result["losses"], samples=result["samples"])
+    np.savez(path, *result["parameters"], **{name: value for name, value in result.items() if name != "parameters"})
 
 
 def rank_results(folder: Path, world_size: int) -> list[dict]:
@@ -118,8 +118,8 @@ def rank_results(folder: Path, world_size: int) -> list[dict]:
     results = []
     for rank in range(world_size):
         with np.load(folder / f"rank{rank}.npz") as saved:
-            parameters = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
-            results.append({"parameters": parameters, "losses": saved["losses"], "samples": saved["samples"]})
+            named = {name: saved[name] for name in saved.files if not name.startswith("arr_")}
+            results.append({"parameters": [saved[f"arr_{i}"] for i in range(len(saved.files) - len(named))], **named})
     return results
 
 

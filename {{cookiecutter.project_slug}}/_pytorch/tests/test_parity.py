@@ -55,7 +55,7 @@ def cross_entropy(model, batch) -> torch.Tensor:
 CLASSIFICATION = SimpleNamespace(training_loss=cross_entropy)
 
 
-def train(batch_size: int, grad_accum: int, strategy: str = "ddp") -> dict:
+def train(batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False) -> dict:
     """Train with the project's loaders, model wrapper (DDP, or FSDP's shards) and loop; return parameters and
     per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
@@ -63,7 +63,9 @@ def train(batch_size: int, grad_accum: int, strategy: str = "ddp") -> dict:
         with pytest.MonkeyPatch.context() as patch:  # in this process: a spawned rank's, or the test's own
             patch.setattr(engine, "task", CLASSIFICATION)
             train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
-            model = distributed.wrap_model(small_mlp(), env, strategy=strategy)
+            network = small_mlp()
+            forwards = count_forwards(network)
+            model = distributed.wrap_model(network, env, strategy=strategy, activation_checkpointing=recompute)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
             scaler = engine.grad_scaler(False)
             epochs = [
@@ -79,19 +81,28 @@ def train(batch_size: int, grad_accum: int, strategy: str = "ddp") -> dict:
             "parameters": [weight.detach().numpy().copy() for weight in weights.values()],
             "losses": np.array([stats["loss"] for stats in epochs]),
             "samples": np.array([stats["samples"] for stats in epochs]),
+            "forwards": forwards[0],
         }
     finally:
         distributed.cleanup()
 
 
+def count_forwards(network: nn.Module) -> list[int]:
+    """The forward passes of the network's first layer, counted as they happen (a recomputation counts)."""
+    forwards = [0]
+    network[0].register_forward_pre_hook(lambda module, inputs: forwards.__setitem__(0, forwards[0] + 1))
+    return forwards
+
+
 def rank_worker(
-    rank: int, world_size: int, port: int, batch_size: int, grad_accum: int, strategy: str, out_dir: str
-) -> None:
+    rank: int, world_size: int, port: int, batch_size: int, grad_accum: int, strategy: str, recompute: bool,
+    out_dir: str,
+) -> None:  # fmt: skip
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size)
     )
-    save_rank_result(out_dir, rank, train(batch_size, grad_accum, strategy))
+    save_rank_result(out_dir, rank, train(batch_size, grad_accum, strategy, recompute))
 
 
 def free_port() -> int:
@@ -100,12 +111,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def train_in_ranks(tmp_path, world_size: int, batch_size: int, grad_accum: int, strategy: str = "ddp") -> list[dict]:
+def train_in_ranks(
+    tmp_path, world_size: int, batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False
+) -> list[dict]:
     """Train in world_size spawned processes joined by gloo; every rank's result."""
-    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}_{strategy}"
+    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}_{strategy}_{recompute}"
     out_dir.mkdir()
-    port = free_port()
-    mp.spawn(rank_worker, args=(world_size, port, batch_size, grad_accum, strategy, str(out_dir)), nprocs=world_size)
+    arguments = (world_size, free_port(), batch_size, grad_accum, strategy, recompute, str(out_dir))
+    mp.spawn(rank_worker, args=arguments, nprocs=world_size)
     return rank_results(out_dir, world_size)
 
 
@@ -161,3 +174,14 @@ def test_two_ranks_sharding_the_model_with_fsdp_match_one_process_with_batch_2b(
 
     for result in ranks:
         assert_same_training(result, one_process_with_batch_2b)
+
+
+def test_activation_checkpointing_under_fsdp_recomputes_each_forward_and_trains_the_same(
+    tmp_path, one_process_with_batch_2b
+):
+    kept = train_in_ranks(tmp_path, world_size=2, batch_size=B, grad_accum=1, strategy="fsdp")
+    recomputed = train_in_ranks(tmp_path, world_size=2, batch_size=B, grad_accum=1, strategy="fsdp", recompute=True)
+
+    for result in recomputed:
+        assert_same_training(result, one_process_with_batch_2b)
+    assert [rank["forwards"] for rank in recomputed] == [2 * rank["forwards"] for rank in kept]
