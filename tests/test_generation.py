@@ -70,9 +70,11 @@ FRAMEWORK_TESTS = {
         "test_launch.py",
         "curves.py",
         "test_clipping.py",
+        "test_memory.py",
     },
     "paddle": {
         "test_clipping.py",
+        "test_memory.py",
         "test_evaluate.py",
         "test_checkpoint.py",
         "test_parity.py",

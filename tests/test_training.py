@@ -481,6 +481,13 @@ def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_unde
     assert {path.name for path in checkpoints.iterdir() if not path.name.startswith("save-")} == {"last", "best"}
     assert (checkpoints / "last").is_symlink() and len(list(checkpoints.glob("save-*"))) == 1  # older saves removed
     assert "checkpoint: " + str(checkpoints.resolve() / "last") in (output / "train.log").read_text(encoding="utf-8")
+    held = {  # the GB of parameters + gradients + optimizer state per process: half of DDP's, in shards
+        strategy: float(
+            (tmp_path / strategy / "train.log").read_text(encoding="utf-8").split(" GB of parameters")[0].split()[-1]
+        )
+        for strategy in ("ddp", "fsdp")
+    }
+    assert held["fsdp"] < held["ddp"]
 
     # The shards of 2 processes, resumed by 1 under DDP (a last.pt then), then by 3 under FSDP again.
     train(project, "--epochs", "3", *args, str(output), nproc=1)
@@ -491,6 +498,14 @@ def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_unde
     metrics = read_metrics(output)
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4] and [m["world_size"] for m in metrics] == [2, 2, 1, 3]
     assert all(m["val_samples"] == VAL_SIZE for m in metrics)
+
+    # --evaluate and --init-from read a sharded save as they read a file, under either strategy.
+    train(project, "--evaluate", "--resume", str(checkpoints / "last"), *args, str(output), nproc=3)
+    evaluated = json.loads((output / "eval.json").read_text(encoding="utf-8"))
+    assert evaluated["val_acc"] == pytest.approx(metrics[-1]["val_acc"], abs=1e-6)
+    started = train(project, "--epochs", "1", "--strategy", "fsdp", "--init-from", str(checkpoints / "best"),
+                    *args, str(tmp_path / "init")).stdout  # fmt: skip
+    assert "of the model's 8 tensors" in started.split("initialised from")[1].splitlines()[0]
 
     # predict.py reads the sharded best as it is, and export.py makes one plain file that predicts the same.
     run_in = lambda *command: run(["python", *command], project)  # noqa: E731

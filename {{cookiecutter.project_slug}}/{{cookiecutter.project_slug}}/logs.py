@@ -85,6 +85,14 @@ def log_job(
     return global_batch
 
 
+def log_model(strategy: str, parameters: int, bytes_per_process: int) -> None:
+    """Say how much of the model each process holds: its parameters, their gradients and the optimizer's state."""
+    PACKAGE_LOGGER.info(
+        "strategy %s: %s parameters, %.3f GB of parameters + gradients + optimizer state per process",
+        strategy, f"{parameters:,}", bytes_per_process / 1e9,
+    )  # fmt: skip
+
+
 class MetricsLog:
     """metrics.jsonl: rank 0 appends one line per finished epoch (the keys README.md lists); every rank logs it.
 

@@ -168,9 +168,10 @@ class CheckpointerBase:
         if init_from and loaded is not None:
             log.info("--init-from %s ignored: a resumed run goes on from its own checkpoint", init_from)
         elif init_from:
-            if not Path(init_from).is_file():
+            if not Path(init_from).exists():
                 raise UserError(
-                    f"--init-from {init_from} not found: pass a file of weights (a state dict or a checkpoint)"
+                    f"--init-from {init_from} not found: pass a file of weights (a state dict or a checkpoint), or a "
+                    "sharded save's folder"
                 )
             self._init_weights(Path(init_from))
         points = distributed.all_gather_object((self.state.epochs_done, self.state.progress.step))

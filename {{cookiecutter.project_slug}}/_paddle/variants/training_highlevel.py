@@ -80,6 +80,7 @@ def train(args) -> None:
         global_batch = logs.log_job(
             env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers, amp_dtype
         )
+        logs.log_model(args.strategy, *engine.training_memory(network, optimizer))
         watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,

@@ -152,6 +152,22 @@ def _numpy(value) -> np.ndarray:
     return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
 
 
+def training_memory(model, optimizer) -> tuple[int, int]:
+    """The model's parameters, and the bytes this process holds for them: its parameters, their gradients and
+    the optimizer's state (as many tensors per parameter as this optimizer keeps: 1 for Momentum, 2 for Adam;
+    counted on a small parameter of its own, as its state is made at the first step)."""
+    parameters = list(model.parameters())
+    local = sum(parameter.numel().item() * parameter.element_size() for parameter in parameters)
+    probe = paddle.create_parameter([3, 5], "float32")
+    trial = type(optimizer)(parameters=[probe])
+    (probe * probe).sum().backward()
+    trial.step()
+    per_parameter = sum(
+        isinstance(value, paddle.Tensor) and list(value.shape) == [3, 5] for value in trial.state_dict().values()
+    )
+    return sum(parameter.numel().item() for parameter in parameters), local * (2 + per_parameter)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

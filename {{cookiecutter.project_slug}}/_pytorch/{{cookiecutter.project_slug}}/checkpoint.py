@@ -26,7 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from . import distributed, fsdp
 from .errors import UserError
@@ -87,7 +92,7 @@ class Checkpointer(CheckpointerBase):
         model = distributed.unwrap(self.model)
         fitting = self._fitting(model.state_dict(), read_weights(path)[0], path)
         options = StateDictOptions(full_state_dict=True, strict=False)  # a sharded model keeps its part
-        set_state_dict(model, [], model_state_dict=fitting, options=options)
+        set_model_state_dict(model, fitting, options=options)
 
     def _read(self, how: str) -> tuple[Path, dict] | None:
         """The checkpoint `how` names, loaded into the model, optimizer, scheduler and scaler; None: start afresh."""

@@ -5,6 +5,7 @@ device and is read every --log-every steps only.
 """
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -168,6 +169,28 @@ def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str
 
 def _numpy(value) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def training_memory(model, optimizer) -> tuple[int, int]:
+    """The model's parameters, and the bytes this process holds for them: its parameters (a sharded model's
+    shards only), their gradients and the optimizer's state (as many tensors per parameter as this optimizer
+    keeps: 1 for SGD with momentum, 2 for Adam; counted on a small parameter of its own, as its state is made
+    at the first step)."""
+    parameters = list(model.parameters())
+    local = sum(_local(parameter).numel() * parameter.element_size() for parameter in parameters)
+    probe = torch.nn.Parameter(torch.ones(3, 5))
+    accepted = inspect.signature(type(optimizer)).parameters  # (AdamW's defaults hold one it does not take)
+    trial = type(optimizer)([probe], **{name: value for name, value in optimizer.defaults.items() if name in accepted})
+    probe.grad = torch.ones_like(probe)
+    trial.step()
+    per_parameter = sum(
+        isinstance(value, torch.Tensor) and value.shape == probe.shape for value in trial.state[probe].values()
+    )
+    return sum(parameter.numel() for parameter in parameters), local * (2 + per_parameter)
+
+
+def _local(parameter: torch.Tensor) -> torch.Tensor:
+    return parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a shard of FSDP's DTensor
 
 
 def seed_everything(seed: int) -> None:

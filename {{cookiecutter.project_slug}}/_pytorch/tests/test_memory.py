@@ -1,0 +1,14 @@
+"""The job's first lines say how much memory each process holds for the model."""
+
+import torch
+from torch import nn
+
+from {{ cookiecutter.project_slug }} import engine
+
+
+def test_a_process_holds_parameters_gradients_and_the_optimizers_state_per_parameter():
+    model = nn.Linear(10, 10)  # 110 parameters: 440 bytes in float32
+
+    assert engine.training_memory(model, torch.optim.SGD(model.parameters(), lr=0.1)) == (110, 440 * 2)
+    assert engine.training_memory(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)) == (110, 440 * 3)
+    assert engine.training_memory(model, torch.optim.AdamW(model.parameters())) == (110, 440 * 4)
