@@ -401,15 +401,17 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
         model.write(SLOW_STEPS)
     key = (answers["framework"], answers.get("paddle_api"))
+    # PyTorch's launchers stop and resume a sharded model (FSDP: every rank writes its shards at the stop).
+    args = [*STOP_ARGS, "--strategy", "fsdp"] if answers["framework"] == "pytorch" else STOP_ARGS
     if key not in UNINTERRUPTED:
-        train(project, *STOP_ARGS, "--output-dir", str(tmp_path / "reference"))
+        train(project, *args, "--output-dir", str(tmp_path / "reference"))
         UNINTERRUPTED[key] = without_timings(read_metrics(tmp_path / "reference"))
     output = tmp_path / "stopped"
     # Kubernetes signals run.sh only; SLURM every process of the job: one launcher per framework tries the latter.
     whole_group = answers["launcher"] == "spawn"
 
     # With a loader worker, as on GPUs: launchers and SLURM signal it too, and it must not end the rank before its save.
-    job = start_job(project, *STOP_ARGS, "--workers", "1", "--output-dir", str(output))
+    job = start_job(project, *args, "--workers", "1", "--output-dir", str(output))
     seconds = stop_job_at(job, output / "train.log", "epoch 1 step 10/", whole_group)
 
     assert job.returncode == 143
@@ -420,7 +422,7 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     assert 10 <= stopped_at < 45  # a step boundary within about a second (steps take 50 ms), before the end (45)
     assert not (output / "metrics.jsonl").exists() or read_metrics(output) == []
 
-    train(project, *STOP_ARGS, "--output-dir", str(output))
+    train(project, *args, "--output-dir", str(output))
     assert f"(epoch 1, step {stopped_at})" in (output / "train.log").read_text(encoding="utf-8")
     assert without_timings(read_metrics(output)) == UNINTERRUPTED[key]
 
