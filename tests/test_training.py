@@ -170,6 +170,31 @@ def test_two_machines_on_loopback_train_as_one_job(bake, tmp_path, answers):
     assert not (machine1 / "out" / "checkpoints").exists()
 
 
+def test_hsdp_on_two_machines_of_two_processes_trains_as_ddp_on_four_and_saves_into_the_shared_folder(bake, tmp_path):
+    machine0 = bake(nodes="multi", framework="pytorch")
+    machine1 = tmp_path / "machine1"
+    shutil.copytree(machine0, machine1)
+    shared = tmp_path / "shared"  # the output folder both machines see (a network file system)
+    args = ["--epochs", "1", "--batch-size", "50", "--output-dir"]
+    env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "2"}
+    command = ["bash", "run.sh", *args, str(shared), "--strategy", "hsdp"]
+
+    nodes = [
+        subprocess.Popen(command, cwd=machine, env=tool_env(NODE_RANK=str(rank), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank, machine in enumerate((machine0, machine1))
+    ]  # fmt: skip
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    train(machine0, *args, str(tmp_path / "ddp"), nproc=4, NNODES="1")
+
+    results = ("train_loss", "val_loss", "val_acc", "world_size", "train_samples", "val_samples")
+    [hsdp], [ddp] = read_metrics(shared), read_metrics(tmp_path / "ddp")
+    assert [hsdp[key] for key in results] == pytest.approx([ddp[key] for key in results], rel=1e-5)
+    [save] = (shared / "checkpoints").glob("save-*")
+    assert len(list(save.glob("*.distcp"))) == 4  # every rank's shards, in the one folder
+    assert (shared / "checkpoints" / "last").resolve() == save.resolve()
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "paddle"])
 def test_a_baked_projects_own_test_suite_passes(bake, framework):
     project = bake(framework=framework)

@@ -22,8 +22,10 @@ def shard(model: nn.Module, device_type: str, world_size: int, machines: int, am
     """`model` sharded over the job's ranks (machines 1: fsdp), or within each machine and replicated across the
     `machines` (hsdp: a shard's all-gathers stay on the machine's fast links). Its parameters compute in the
     run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32."""
-    shape = (machines, world_size // machines) if machines > 1 else (world_size,)
-    mesh = init_device_mesh(device_type, shape)
+    if machines > 1:
+        mesh = init_device_mesh(device_type, (machines, world_size // machines), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device_type, (world_size,))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(amp_dtype), reduce_dtype=torch.float32)
     for unit in units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
