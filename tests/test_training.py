@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -402,6 +403,20 @@ def build_model(num_classes):  # noqa: F811 - a test slows every step, to stop a
     return model
 """
 STOP_ARGS = ["--epochs", "1", "--batch-size", "16", "--log-every", "1"]
+SLOW_SAVES = """
+
+import torch.distributed.checkpoint.filesystem as _filesystem
+
+_write_data = _filesystem.FileSystemWriter.write_data
+
+
+def _slowly(self, plan, planner):  # a test makes every sharded save take a second: a slow network file system
+    time.sleep(1.0)
+    return _write_data(self, plan, planner)
+
+
+_filesystem.FileSystemWriter.write_data = _slowly
+"""
 UNINTERRUPTED: dict[tuple, list[dict]] = {}  # per framework and API: every launcher must train the same numbers
 
 
@@ -478,8 +493,7 @@ def test_a_job_killed_between_step_saves_loses_at_most_n_steps_and_goes_on_on_an
         time.sleep(0.02)
     os.killpg(job.pid, signal.SIGKILL)  # no warning: a lost machine
     job.wait()
-    last_logged = max(int(line.split("epoch 2 step ")[1].split("/")[0]) for line in
-                      log.read_text(encoding="utf-8").splitlines() if "epoch 2 step " in line)  # fmt: skip
+    last_logged = max(int(step) for step in re.findall(r"epoch 2 step (\d+)/", log.read_text(encoding="utf-8")))
 
     train(project, *args, "--output-dir", str(output), nproc=nproc)
 
@@ -491,6 +505,22 @@ def test_a_job_killed_between_step_saves_loses_at_most_n_steps_and_goes_on_on_an
     metrics = read_metrics(output)
     assert [m["epoch"] for m in metrics] == [1, 2]  # each epoch once
     assert metrics[1]["train_samples"] == TRAIN_SIZE and metrics[1]["world_size"] == nproc  # none twice, none left out
+
+
+def test_a_background_save_lets_training_go_on_and_the_next_save_waits_for_it(bake, tmp_path):
+    project = bake(framework="pytorch")
+    with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
+        model.write(SLOW_STEPS + SLOW_SAVES)  # steps of 50 ms, saves of a second
+
+    output = tmp_path / "output"
+    train(project, *STOP_ARGS, "--strategy", "fsdp", "--save-every-steps", "5", "--output-dir", str(output))
+
+    lines = (output / "train.log").read_text(encoding="utf-8").splitlines()
+    first = lines.index(next(line for line in lines if "background save of epoch 1 step 5 written" in line))
+    assert any("epoch 1 step 6/" in line for line in lines[:first])  # training went on during the save
+    assert not any("epoch 1 step 11/" in line for line in lines[:first])  # the save at step 10 waited for it
+    assert "background save of epoch 1 written" in lines[-2]  # the run's end waited for the last one
+    assert (output / "checkpoints" / "last" / "training.pt").is_file()
 
 
 def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_under_either_strategy(bake, tmp_path):

@@ -184,8 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-every-steps",
         type=positive_int,
         metavar="N",
-        help="also save OUTPUT_DIR/checkpoints/last.* every N optimizer steps of an epoch: a run killed without "
+        help="also save OUTPUT_DIR/checkpoints/last (last.*, or a sharded model's last/) every N optimizer steps of an epoch: a run killed without "
         "warning (SIGKILL, a lost machine) resumes from there, losing at most N steps",
+    )
+    parser.add_argument(
+        "--save-async",
+        action=argparse.BooleanOptionalAction,
+        help="write a sharded model's checkpoints in the background while training goes on (default: on under "
+        "--strategy fsdp and hsdp)",
     )
     parser.add_argument(
         "--sync-bn",

@@ -40,6 +40,7 @@ def rest_of_epoch(order: list[int], consumed: int, rank: int, world_size: int) -
     samples of the order: a stopped epoch goes on from that count on any number of processes, no sample twice
     and none left out.
     """
+    consumed = min(consumed, len(order))  # (a set that shrank since the stop: its epoch ends)
     rest = order[consumed:]
     rest += [order[i % len(order)] for i in range(padding_of(len(order), consumed, world_size))]
     return rest[rank::world_size]
@@ -47,9 +48,9 @@ def rest_of_epoch(order: list[int], consumed: int, rank: int, world_size: int) -
 
 def padding_of(size: int, consumed: int, world_size: int) -> int:
     """The repeated samples rest_of_epoch() adds: not distinct, so not counted among an epoch's samples."""
-    return -(size - consumed) % world_size
+    return -(size - min(consumed, size)) % world_size
 
 
 def share_size(size: int, consumed: int, world_size: int) -> int:
     """The length of each rank's rest_of_epoch()."""
-    return (size - consumed + padding_of(size, consumed, world_size)) // world_size
+    return (size - min(consumed, size) + padding_of(size, consumed, world_size)) // world_size

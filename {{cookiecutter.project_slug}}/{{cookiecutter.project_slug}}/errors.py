@@ -32,6 +32,9 @@ def disk_full(error: BaseException) -> bool:
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
+        # torch.distributed.checkpoint's error holds each failed rank's (error, traceback)
+        if any(disk_full(failure[0]) for failure in getattr(error, "failures", {}).values()):
+            return True
         error = error.__cause__ or error.__context__
     return False
 

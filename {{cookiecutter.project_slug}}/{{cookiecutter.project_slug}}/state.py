@@ -110,7 +110,7 @@ class TrainingState:
 class CheckpointerBase:
     """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
 
-    A framework's Checkpointer adds its files: _write() (rank 0) and _read(), which loads the
+    A framework's Checkpointer adds its files: _write() (rank 0; every rank where _every_rank_writes) and _read(), which loads the
     model, optimizer, schedule and scaler; _init_weights() for --init-from; and its random
     streams and schedule (its base rate, and the factor of the epoch it is at).
     """
@@ -129,6 +129,22 @@ class CheckpointerBase:
         self.state = TrainingState(best_metric=best[0], best_mode=best[1])
         self.loaded: Path | None = None  # the checkpoint resume() read
         self.every_steps: int | None = None  # --save-every-steps
+        self.in_background = False  # save_in_background()
+
+    def save_in_background(self, asked: bool | None) -> None:
+        """--save-async: saves written while training goes on (None: where each rank saves its shards)."""
+        self.in_background = self._every_rank_writes if asked is None else asked and self._every_rank_writes
+        if asked and not self._every_rank_writes:
+            log.info("--save-async: only a sharded model's saves (PyTorch's --strategy fsdp, hsdp) are written in the "
+                     "background; this run writes its checkpoints before training goes on")  # fmt: skip
+
+    def wait_for_save(self) -> None:
+        """Until a background save has been written (at the next save, a stop and the end of the run): its error,
+        a full disk as one line, is raised here."""
+        self._wait_for_save()
+
+    def _wait_for_save(self) -> None:
+        """A framework's Checkpointer that saves in the background waits here."""
 
     def due(self, optimizer_step: int) -> bool:
         """Whether the epoch's `optimizer_step`-th optimizer step ends with a mid-epoch save (--save-every-steps)."""
@@ -239,9 +255,22 @@ class CheckpointerBase:
             self._write(training, is_best)
             return None
         except Exception as error:
-            if not disk_full(error):
+            if not self._out_of_space(error):
                 raise
-        needed = _bytes_of((distributed.unwrap(self.model).state_dict(), self.optimizer.state_dict(), training))
+        return self._no_space()
+
+    def _out_of_space(self, error: BaseException) -> bool:
+        """Whether a save failed for want of room: a full disk said so, or a write failed (a torch.save() on a
+        full disk can fail with a short write) and there is less room than a checkpoint needs."""
+        return disk_full(error) or shutil.disk_usage(self.directory).free < self._bytes_needed()
+
+    def _bytes_needed(self) -> int:
+        """About the bytes of a checkpoint: the model's and the optimizer's tensors."""
+        return _bytes_of((distributed.unwrap(self.model).state_dict(), self.optimizer.state_dict()))
+
+    def _no_space(self) -> str:
+        """Why a save failed on a full disk, and what to do."""
+        needed = self._bytes_needed()
         free = shutil.disk_usage(self.directory).free
         return (
             f"no space left in {self.directory} for the checkpoint: it needs about {_megabytes(needed)}, "

@@ -64,6 +64,7 @@ def train(args) -> None:
         best = (task.BEST_METRIC, task.BEST_MODE)  # what picks best.*
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, best)
         checkpoints.every_steps = args.save_every_steps
+        checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
@@ -100,8 +101,10 @@ def train(args) -> None:
                 tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
                 checkpoints.end_epoch(epoch, val_stats)
                 stop.after_epoch(env, epoch, args.epochs)
+            checkpoints.wait_for_save()
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
+            checkpoints.wait_for_save()
             preemption.leave(stopped, checkpoints.last_path)
         finally:
             tracker.close()

@@ -137,12 +137,12 @@ class EpochEnd(paddle.callbacks.Callback):
         progress.step += 1
         self.loss_log.step(progress.step, progress.loss_sum, progress.seen)
         # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
-        if progress.step % self.grad_accum == 0 and progress.step < self.steps:
+        if (progress.step - self.first_step) % self.grad_accum == 0 and progress.step < self.steps:
             sampler = loaders.train_sampler(self.loader)
             progress.consumed = sampler.consumed_after(progress.step - self.first_step)
             if self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):
                 raise Stopped(self.epoch, progress)
-            if self.saves is not None and self.saves.due(progress.step // self.grad_accum):
+            if self.saves is not None and self.saves.due((progress.step - self.first_step) // self.grad_accum):
                 self.saves.save_progress(replace(progress))
         self.step_ended = (time.perf_counter(), time.thread_time())
 

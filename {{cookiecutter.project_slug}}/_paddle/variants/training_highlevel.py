@@ -66,6 +66,7 @@ def train(args) -> None:
             best=(task.BEST_METRIC, task.BEST_MODE),
         )  # fmt: skip
         checkpoints.every_steps = args.save_every_steps
+        checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained

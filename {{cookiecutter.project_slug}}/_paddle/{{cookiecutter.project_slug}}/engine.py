@@ -59,7 +59,8 @@ def train_one_epoch(
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, batch in enumerate(batches, progress.step + 1):
         batch = loaders.to_device(batch, env.device)
-        steps_now = step % grad_accum == 0 or step == steps
+        # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
+        steps_now = (step - progress.step) % grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
@@ -79,7 +80,7 @@ def train_one_epoch(
         loss_log.step(step, loss_sum, seen)
         if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
             stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
-            if stopping or (saves is not None and saves.due(step // grad_accum)):
+            if stopping or (saves is not None and saves.due((step - progress.step) // grad_accum)):
                 here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - progress.step))
                 if stopping:
                     raise Stopped(epoch, here)
@@ -158,14 +159,22 @@ def training_memory(model, optimizer) -> tuple[int, int]:
     counted on a small parameter of its own, as its state is made at the first step)."""
     parameters = list(model.parameters())
     local = sum(parameter.numel().item() * parameter.element_size() for parameter in parameters)
-    probe = paddle.create_parameter([3, 5], "float32")
-    trial = type(optimizer)(parameters=[probe])
-    (probe * probe).sum().backward()
-    trial.step()
-    per_parameter = sum(
-        isinstance(value, paddle.Tensor) and list(value.shape) == [3, 5] for value in trial.state_dict().values()
-    )
-    return sum(parameter.numel().item() for parameter in parameters), local * (2 + per_parameter)
+    return sum(parameter.numel().item() for parameter in parameters), local * (2 + _state_per_parameter(optimizer))
+
+
+def _state_per_parameter(optimizer) -> int:
+    """The tensors of a parameter's size the optimizer keeps, tried on a probe of its own (fleetrun's wrapper:
+    on the optimizer inside; 0 for one that cannot be tried so: the log line is an estimate, never a reason
+    to stop)."""
+    try:
+        probe = paddle.create_parameter([3, 5], "float32")
+        trial = type(getattr(optimizer, "_inner_opt", optimizer))(parameters=[probe])
+        (probe * probe).sum().backward()
+        trial.step()
+    except Exception:
+        return 0
+    kept = trial.state_dict().values()
+    return sum(isinstance(value, paddle.Tensor) and list(value.shape) == [3, 5] for value in kept)
 
 
 def seed_everything(seed: int) -> None:

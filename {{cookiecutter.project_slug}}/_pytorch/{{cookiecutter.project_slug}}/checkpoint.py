@@ -14,10 +14,12 @@ a folder without it is incomplete), and then points the link DIR/checkpoints/las
 switch as whole as os.replace(). Either form resumes under either strategy, on any number of processes.
 """
 
+import logging
 import os
 import pickle
 import random
 import shutil
+import threading
 import time
 import warnings
 import zipfile
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -37,6 +41,8 @@ from . import distributed, fsdp
 from .errors import UserError
 from .state import CheckpointerBase
 
+_log = logging.getLogger(__name__)
+
 LAST, BEST = "last.pt", "best.pt"
 _SHARDED = {LAST: "last", BEST: "best"}  # the links to sharded saves' folders
 _TRAINING = "training.pt"  # in a sharded save's folder
@@ -44,6 +50,10 @@ STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "rng", "prog
 
 
 class Checkpointer(CheckpointerBase):
+    _saving: threading.Thread | None = None  # waits for a background save (--save-async), then finishes it
+    _save_error: Exception | None = None
+    _save_group = None  # the background saves' process group
+
     @property
     def _sharded(self) -> bool:
         return fsdp.is_sharded(self.model)
@@ -73,17 +83,62 @@ class Checkpointer(CheckpointerBase):
             _atomic_copy(self.last_path, self.directory / BEST)
 
     def _write_shards(self, training: dict, is_best: bool) -> None:
-        """Every rank its shards, into a new folder; rank 0 then training.pt and the switch of the links."""
+        """Every rank its shards, into a new folder; rank 0 then training.pt and the switch of the links. In the
+        background (--save-async): the shards are copied now, and written while training goes on."""
+        self.wait_for_save()  # one save at a time
         folder = self.directory / distributed.share_from_main(f"save-{time.time_ns()}", "rank 0's name of the save")
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=folder)
+        shards = {"model": model, "optimizer": optimizer}
+        rest = {"scheduler": self.scheduler.state_dict(), "scaler": self._scaler_state(), **training}
+        if not self.in_background:
+            self._written(folder, rest, is_best, lambda: dcp.save(shards, checkpoint_id=folder))
+            return
+        if self._save_group is None:  # its own group: training's collectives go on during the save
+            self._save_group = dist.new_group(backend="gloo")
+        writing = dcp.async_save(shards, checkpoint_id=folder, process_group=self._save_group)
+        self._saving = threading.Thread(target=self._written_in_background, args=(folder, rest, is_best, writing))
+        self._saving.start()
+
+    def _written_in_background(self, folder: Path, rest: dict, is_best: bool, writing) -> None:
+        started = time.perf_counter()
+        try:
+            self._written(folder, rest, is_best, writing.result)
+        except Exception as error:  # for wait_for_save() to raise, in the training's own thread
+            self._save_error = error
+            return
         if self.env.is_main:
-            rest = {"scheduler": self.scheduler.state_dict(), "scaler": self._scaler_state(), **training}
+            step = rest["progress"][0]["step"]
+            where = f"epoch {rest['epoch'] + 1} step {step}" if step else f"epoch {rest['epoch']}"
+            _log.info("background save of %s written (%.1f s)", where, time.perf_counter() - started)
+
+    def _written(self, folder: Path, rest: dict, is_best: bool, write) -> None:
+        """`write()` the shards of every rank into `folder`; rank 0 then adds training.pt and points the links at
+        it. A failed save leaves no folder, and the links as they were."""
+        try:
+            try:
+                write()
+            except CheckpointException as error:  # a BaseException: as an Exception, with the ranks' errors
+                raise RuntimeError(f"the sharded save failed: {error}") from error
+        except Exception:
+            if self.env.is_main:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if self.env.is_main:
             _atomic_save(rest, folder / _TRAINING)
-            _point(self.directory / _SHARDED[LAST], folder)
-            if is_best:
+            if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
                 _point(self.directory / _SHARDED[BEST], folder)
+            _point(self.directory / _SHARDED[LAST], folder)
             _remove_unlinked_saves(self.directory)
+
+    def _wait_for_save(self) -> None:
+        if self._saving is not None:
+            self._saving.join()
+            self._saving = None
+        error, self._save_error = self._save_error, None
+        if error is not None and self._out_of_space(error):
+            raise UserError(self._no_space(), shown=self.env.is_main) from None
+        if error is not None:
+            raise error
 
     def _scaler_state(self) -> dict | None:
         return self.scaler.state_dict() if self.scaler is not None else None
@@ -187,7 +242,7 @@ def _load_checkpoint(path: Path, keys: tuple[str, ...] = STATE_KEYS) -> dict:
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise UserError(
             f"checkpoint {path} is corrupt or unreadable ({error.__class__.__name__}): continue from another one "
-            f"with --resume {path.with_name(BEST)}, or start in a new --output-dir"
+            f"with --resume {_other_save(path)}, or start in a new --output-dir"
         ) from None
     if not isinstance(state, dict) or not all(key in state for key in keys):
         raise UserError(
@@ -195,6 +250,11 @@ def _load_checkpoint(path: Path, keys: tuple[str, ...] = STATE_KEYS) -> dict:
             "pass --resume with a last.pt or best.pt, or start in a new --output-dir"
         )
     return state
+
+
+def _other_save(path: Path) -> Path:
+    """The save to suggest when `path` cannot be read: best.pt beside a last.pt, the best link beside a save."""
+    return path.parent.parent / _SHARDED[BEST] if path.name == _TRAINING else path.with_name(BEST)
 
 
 class _mismatch_explained:
@@ -207,7 +267,7 @@ class _mismatch_explained:
         return self
 
     def __exit__(self, kind, error, trace) -> bool:
-        if isinstance(error, RuntimeError | KeyError | ValueError):  # dcp's CheckpointException is a RuntimeError
+        if isinstance(error, RuntimeError | KeyError | ValueError | CheckpointException):
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
             detail = lines[1] if len(lines) > 1 else (lines[0] if lines else kind.__name__)
             raise UserError(

@@ -209,11 +209,18 @@ def wrap_model(
     run on channels-last inputs), on several ranks in DistributedDataParallel (`strategy` ddp) or sharded by
     FSDP2 (fsdp, hsdp: fsdp.py), then torch.compile()d with --compile (the order PyTorch documents).
     unwrap() gives the model back without DDP's and compile's wrappers (FSDP's shards stay)."""
-    model = model.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    sharded = env.world_size > 1 and strategy in ("fsdp", "hsdp")
+    if strategy != "ddp" and not sharded:
+        _log.info("--strategy %s on one process: the model is trained whole", strategy)
+    # A sharded model goes to the device unit by unit, as fully_shard() shards it: never whole on one GPU.
+    memory_format = torch.channels_last if channels_last else torch.preserve_format
+    model = model.to(None if sharded else env.device, memory_format=memory_format)
     if activation_checkpointing:
         fsdp.checkpoint_activations(model)
-    if env.world_size > 1 and strategy in ("fsdp", "hsdp"):
+    if sharded:
         machines = env.world_size // env.local_world_size if strategy == "hsdp" else 1
+        if strategy == "hsdp" and machines == 1:
+            _log.info("--strategy hsdp on one machine: sharded over its processes, as fsdp")
         model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype)
     elif env.world_size > 1:
         device_ids = [env.local_rank] if env.on_gpu else None

@@ -58,7 +58,8 @@ def train_one_epoch(
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, batch in enumerate(batches, progress.step + 1):
         batch = loaders.to_device(batch, env.device)
-        steps_now = step % grad_accum == 0 or step == steps
+        # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
+        steps_now = (step - progress.step) % grad_accum == 0 or step == steps
         # Gradients are reduced only on the micro-batch that steps the optimizer.
         with _gradient_sync(model, steps_now):
             with _autocast(env, amp_dtype), seam.calling("training_loss", batch):
@@ -77,7 +78,7 @@ def train_one_epoch(
         loss_log.step(step, loss_sum, seen)
         if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
             stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
-            if stopping or (saves is not None and saves.due(step // grad_accum)):
+            if stopping or (saves is not None and saves.due((step - progress.step) // grad_accum)):
                 here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - progress.step))
                 if stopping:
                     raise Stopped(epoch, here)
@@ -178,15 +179,23 @@ def training_memory(model, optimizer) -> tuple[int, int]:
     at the first step)."""
     parameters = list(model.parameters())
     local = sum(_local(parameter).numel() * parameter.element_size() for parameter in parameters)
-    probe = torch.nn.Parameter(torch.ones(3, 5))
-    accepted = inspect.signature(type(optimizer)).parameters  # (AdamW's defaults hold one it does not take)
-    trial = type(optimizer)([probe], **{name: value for name, value in optimizer.defaults.items() if name in accepted})
-    probe.grad = torch.ones_like(probe)
-    trial.step()
-    per_parameter = sum(
-        isinstance(value, torch.Tensor) and value.shape == probe.shape for value in trial.state[probe].values()
-    )
-    return sum(parameter.numel() for parameter in parameters), local * (2 + per_parameter)
+    return sum(parameter.numel() for parameter in parameters), local * (2 + _state_per_parameter(optimizer))
+
+
+def _state_per_parameter(optimizer) -> int:
+    """The tensors of a parameter's size the optimizer keeps, tried on a probe of its own on the parameters'
+    device (0 for an optimizer that cannot be tried so: the log line is an estimate, never a reason to stop)."""
+    try:
+        device = optimizer.param_groups[0]["params"][0].device
+        probe = torch.nn.Parameter(torch.ones(3, 5, device=device))
+        accepted = inspect.signature(type(optimizer)).parameters  # (AdamW's defaults hold one it does not take)
+        defaults = {name: value for name, value in optimizer.defaults.items() if name in accepted}
+        trial = type(optimizer)([probe], **defaults)
+        probe.grad = torch.ones_like(probe)
+        trial.step()
+    except Exception:  # an optimizer wrapper, one whose step needs a closure (LBFGS), ...
+        return 0
+    return sum(isinstance(value, torch.Tensor) and value.shape == probe.shape for value in trial.state[probe].values())
 
 
 def _local(parameter: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from . import model as user_model
+from .errors import UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -49,6 +50,9 @@ def units(model: nn.Module) -> list[nn.Module]:
     for module in model.modules():
         if module is not model and isinstance(module, classes) and not any(_within(module, unit) for unit in found):
             found.append(module)
+    if not found:
+        names = ", ".join(cls.__name__ for cls in classes)
+        raise UserError(f"model.py: FSDP_UNITS names {names}, of which build_model()'s network has no module")
     return found
 
 
