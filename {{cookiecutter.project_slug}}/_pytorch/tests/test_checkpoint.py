@@ -1,6 +1,7 @@
 """Checkpoints hold everything a resumed run needs, load safely, and never leave a broken file behind."""
 
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from {{ cookiecutter.project_slug }} import checkpoint, engine
+from {{ cookiecutter.project_slug }} import checkpoint, engine, fsdp
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -423,3 +424,62 @@ def test_a_gpu_checkpoint_predicts_on_the_cpu(tmp_path, monkeypatch):
     assert next(model.parameters()).device == torch.device("cpu")
     with torch.no_grad():
         torch.testing.assert_close(model(inputs), saver.model(inputs), rtol=0, atol=0)
+
+
+def fsdp_checkpointer(directory) -> Checkpointer:
+    """A Checkpointer of a model sharded by FSDP2 over this process's group of one: it saves folders of shards."""
+    model = nn.Linear(4, 3)
+    fsdp.shard(model, "cpu", world_size=1, machines=1, amp_dtype=None)
+    return build_checkpointer(directory, model=model)
+
+
+def test_a_sharded_save_is_a_folder_the_last_and_best_links_point_at_and_older_saves_go(tmp_path, process_group_of_one):
+    saver = fsdp_checkpointer(tmp_path)
+    save_epoch(saver, 1, 0.5, True)
+    first = (tmp_path / "last").resolve()
+    save_epoch(saver, 2, 0.5, False)
+
+    second = (tmp_path / "last").resolve()
+    assert (tmp_path / "best").resolve() == first and second != first
+    assert sorted(path.name for path in tmp_path.glob("save-*")) == sorted([first.name, second.name])
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 2  # read whole by an unsharded model
+
+
+def test_a_sharded_save_that_fails_midway_leaves_the_last_one_complete(tmp_path, process_group_of_one, monkeypatch):
+    saver = fsdp_checkpointer(tmp_path)
+    save_epoch(saver, 1, 0.5, True)
+    before = (tmp_path / "last").resolve()
+
+    def crash(*args, **kwargs):
+        raise OSError("the machine went away")
+
+    monkeypatch.setattr(checkpoint.dcp, "save", crash)
+    with pytest.raises(OSError):
+        save_epoch(saver, 2, 0.5, False)
+
+    assert (tmp_path / "last").resolve() == before
+    assert [path.name for path in tmp_path.glob("save-*")] == [before.name]  # the failed save's folder is gone
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 1
+
+
+def test_a_copy_that_followed_the_links_saves_on_as_a_sharded_checkpoint(tmp_path, process_group_of_one):
+    saver = fsdp_checkpointer(tmp_path / "run")
+    save_epoch(saver, 1, 0.5, True)
+    shutil.copytree(tmp_path / "run", tmp_path / "copy", symlinks=False)  # as cp -rL does: links become folders
+    assert not (tmp_path / "copy" / "last").is_symlink()
+
+    copied = fsdp_checkpointer(tmp_path / "copy")
+    assert copied.resume("auto").epochs_done == 1
+    save_epoch(copied, 2, 0.5, False)
+
+    assert (tmp_path / "copy" / "last").is_symlink()
+    assert build_checkpointer(tmp_path / "copy").resume("auto").epochs_done == 2
+
+
+def test_resume_auto_takes_the_newer_of_the_file_and_the_sharded_folder(tmp_path, process_group_of_one):
+    save_epoch(build_checkpointer(tmp_path), 1, 0.5, True)  # last.pt
+    save_epoch(fsdp_checkpointer(tmp_path), 2, 0.5, False)  # then last/
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 2
+
+    save_epoch(build_checkpointer(tmp_path), 3, 0.5, False)  # then last.pt again
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 3

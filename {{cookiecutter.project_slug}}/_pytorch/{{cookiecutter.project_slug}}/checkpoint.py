@@ -344,7 +344,10 @@ def _sharded_weights(folder: Path) -> dict:
 
 
 def _point(link: Path, folder: Path) -> None:
-    """Point `link` at `folder` in one step: a new link, os.replace()d over the old one."""
+    """Point `link` at `folder` in one step: a new link, os.replace()d over the old one. A real folder in its
+    place (a copy that followed the link: cp -L, rsync -L) becomes a save like the others."""
+    if link.is_dir() and not link.is_symlink():
+        link.rename(link.with_name(f"save-{time.time_ns()}"))
     temporary = link.with_name(f".{link.name}.tmp")
     temporary.unlink(missing_ok=True)
     temporary.symlink_to(folder.name)
