@@ -502,6 +502,9 @@ def test_a_job_killed_between_step_saves_loses_at_most_n_steps_and_goes_on_on_an
     saved_at = consumed // (16 * 2)  # the optimizer steps of 2 processes of batch 16 before the save
     assert consumed == saved_at * 16 * 2 and saved_at % every == 0
     assert 0 <= last_logged - saved_at <= every  # at most N steps lost
+    # The epoch's steps count on from the batches of this run that its first samples make (curves go on there).
+    resumed = text.split("(epoch 2, after its first ")[1]
+    assert int(re.findall(r"epoch 2 step (\d+)/", resumed)[0]) == consumed // (16 * nproc) + 1
     metrics = read_metrics(output)
     assert [m["epoch"] for m in metrics] == [1, 2]  # each epoch once
     assert metrics[1]["train_samples"] == TRAIN_SIZE and metrics[1]["world_size"] == nproc  # none twice, none left out

@@ -31,6 +31,12 @@ class EpochProgress:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def batches_done(self, batch_size: int, world_size: int) -> int:
+        """The epoch's batches done before a pass of `world_size` processes: the stop's own step on as many
+        processes, or on another number (step 0 then) as many batches of this run as its samples make, so the
+        steps of the epoch count on from there."""
+        return self.step or self.consumed // (batch_size * world_size)
+
 
 @dataclass
 class TrainingState:

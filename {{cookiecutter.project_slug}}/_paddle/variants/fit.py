@@ -117,8 +117,8 @@ class EpochEnd(paddle.callbacks.Callback):
         sampler = loaders.train_sampler(self.loader)
         sampler.set_epoch(self.epoch)  # a new shuffle every epoch, the same on every rank
         sampler.consumed = self.progress.consumed  # fit() starts iterating right after this
-        self.first_step = self.progress.step
-        self.steps = self.progress.step + len(self.loader)
+        self.first_step = self.progress.step = self.progress.batches_done(sampler.batch_size, self.env.world_size)
+        self.steps = self.first_step + len(self.loader)
         self.loss_log = LossLog(self.env.is_main, self.epoch, self.steps, self.grad_accum, self.log_every, self.tracker)
         self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
         self.watch.start_epoch()

@@ -53,14 +53,15 @@ def train_one_epoch(
     lr = optimizer.get_lr()
     loss_sum = paddle.to_tensor(progress.loss_sum, dtype="float32")
     seen = progress.seen
-    steps = progress.step + len(loader)
+    start = progress.batches_done(sampler.batch_size, env.world_size)
+    steps = start + len(loader)
     loss_log = LossLog(env.is_main, epoch, steps, grad_accum, log_every, tracker)
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
-    for step, batch in enumerate(batches, progress.step + 1):
+    for step, batch in enumerate(batches, start + 1):
         batch = loaders.to_device(batch, env.device)
         # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
-        steps_now = (step - progress.step) % grad_accum == 0 or step == steps
+        steps_now = (step - start) % grad_accum == 0 or step == steps
         # Gradients are all-reduced only on the micro-batch that steps the optimizer.
         sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
         with sync:
@@ -80,8 +81,8 @@ def train_one_epoch(
         loss_log.step(step, loss_sum, seen)
         if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
             stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
-            if stopping or (saves is not None and saves.due((step - progress.step) // grad_accum)):
-                here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - progress.step))
+            if stopping or (saves is not None and saves.due((step - start) // grad_accum)):
+                here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - start))
                 if stopping:
                     raise Stopped(epoch, here)
                 saves.save_progress(here)
