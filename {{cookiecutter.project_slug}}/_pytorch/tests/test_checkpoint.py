@@ -299,7 +299,7 @@ def test_ranks_that_find_different_checkpoints_stop_instead_of_training_differen
     # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
     monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
 
-    with pytest.raises(UserError, match="different epochs") as error:
+    with pytest.raises(UserError, match="ranks found different checkpoints") as error:
         build_checkpointer(tmp_path).resume("auto")
 
     assert "shared filesystem" in str(error.value)
@@ -483,3 +483,16 @@ def test_resume_auto_takes_the_newer_of_the_file_and_the_sharded_folder(tmp_path
 
     save_epoch(build_checkpointer(tmp_path), 3, 0.5, False)  # then last.pt again
     assert build_checkpointer(tmp_path).resume("auto").epochs_done == 3
+
+
+def test_ranks_that_find_different_sharded_saves_stop_before_loading_instead_of_waiting_for_each_other(
+    tmp_path, process_group_of_one, monkeypatch
+):
+    save_epoch(fsdp_checkpointer(tmp_path), 1, 0.5, True)
+    # What rank 0 sees beside a machine whose --output-dir holds no checkpoint: a sharded load would hang.
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda found: [found, None])
+
+    with pytest.raises(UserError, match="ranks found different checkpoints") as error:
+        fsdp_checkpointer(tmp_path).resume("auto")
+
+    assert "shared filesystem" in str(error.value)

@@ -154,7 +154,16 @@ class Checkpointer(CheckpointerBase):
         if how == "none":
             return None
         path = newest(self.directory, LAST) if how == "auto" else Path(how)
-        if path is None or not path.exists():
+        # The same save on every rank before any load, some of which are collectives (a sharded model's, a
+        # sharded save's): ranks that found different ones would wait for each other for ever.
+        found = path.resolve().name if path is not None and path.exists() else None  # a sharded save's own name
+        if len(set(distributed.all_gather_object(found))) > 1:
+            raise UserError(
+                f"ranks found different checkpoints in {self.directory}: give every machine the same --output-dir "
+                "on a shared filesystem, or copy the checkpoints to each",
+                shown=self.env.is_main,
+            )
+        if found is None:
             if how == "auto":
                 return None
             raise UserError(
