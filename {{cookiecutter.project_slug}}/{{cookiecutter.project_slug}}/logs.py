@@ -229,9 +229,13 @@ class TrackerBase:
             )
 
     @classmethod
-    def resuming(cls, output_dir, env, enabled: bool, state, batches_per_epoch: int, grad_accum: int):
-        """A tracker whose curves go on from `state` (the TrainingState a checkpoint restored)."""
-        start_step = optimizer_step(state.epochs_done + 1, state.progress.step, batches_per_epoch, grad_accum)
+    def resuming(
+        cls, output_dir, env, enabled: bool, state, batches_per_epoch: int, grad_accum: int, batch_size: int = 1
+    ):
+        """A tracker whose curves go on from `state` (the TrainingState a checkpoint restored; a stopped epoch's
+        batches counted in this run's, of `batch_size`)."""
+        done = state.progress.batches_done(batch_size, env.world_size)
+        start_step = optimizer_step(state.epochs_done + 1, done, batches_per_epoch, grad_accum)
         return cls(output_dir, env, enabled, start_step=start_step, start_epoch=state.epochs_done)
 
     def loss(self, step: int, value: float) -> None:

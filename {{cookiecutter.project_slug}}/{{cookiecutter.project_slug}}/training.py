@@ -83,7 +83,9 @@ def train(args) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
-        tracker = tracking.Tracker.resuming(output_dir, env, args.tracking, state, len(train_loader), args.grad_accum)
+        tracker = tracking.Tracker.resuming(
+            output_dir, env, args.tracking, state, len(train_loader), args.grad_accum, args.batch_size
+        )
         if state.epochs_done >= args.epochs:
             log.info(
                 "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs

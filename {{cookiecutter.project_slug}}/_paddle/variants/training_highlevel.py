@@ -87,7 +87,9 @@ def train(args) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
-        tracker = tracking.Tracker.resuming(output_dir, env, args.tracking, state, len(train_loader), args.grad_accum)
+        tracker = tracking.Tracker.resuming(
+            output_dir, env, args.tracking, state, len(train_loader), args.grad_accum, args.batch_size
+        )
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
