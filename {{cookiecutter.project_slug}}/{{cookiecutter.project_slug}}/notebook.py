@@ -39,6 +39,7 @@ from .kernel_ranks import (
     environment,
     free_port,
 )
+from .workspace import PROJECT_ROOT
 
 
 def launch(argv: list[str] | str, nproc: int = 2, train=None) -> None:
@@ -97,7 +98,7 @@ def train_here(argv: list[str] | str, train=None) -> None:
 
 def fresh_output_dir(parent: str | Path | None = None) -> Path:
     """A new, empty folder named after the time under `parent` (default output/notebook): each run trains afresh."""
-    parent = Path(parent) if parent is not None else cli.PROJECT_ROOT / "output" / "notebook"
+    parent = Path(parent) if parent is not None else PROJECT_ROOT / "output" / "notebook"
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     for suffix in ("", *(f"-{n}" for n in range(2, 1000))):
         folder = parent / f"{stamp}{suffix}"
