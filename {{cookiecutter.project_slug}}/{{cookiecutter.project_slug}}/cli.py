@@ -17,7 +17,7 @@ STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp",)}[FRAMEWORK]
 STRATEGY_HELP = {
     "pytorch": "fsdp: each holds a shard of the parameters, gradients and optimizer state (FSDP2), for models "
     "that do not fit one GPU; hsdp: sharded within each machine, replicated across machines",
-    "paddle": "(sharding is on its way)",
+    "paddle": "the only choice in this version (Paddle's sharding is not in it yet)",
 }[FRAMEWORK]
 
 
