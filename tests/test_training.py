@@ -139,6 +139,24 @@ def test_folder_and_synthetic_projects_train_out_of_the_box(bake, tmp_path, answ
     assert record["train_samples"] == (2048 if answers["dataset"] == "synthetic" else TRAIN_SIZE)
 
 
+def two_machines(machine0: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Machine 0's project, and machine 1's copy of it: two machines on the loopback."""
+    machine1 = tmp_path / "machine1"
+    shutil.copytree(machine0, machine1)
+    return machine0, machine1
+
+
+def run_on_both(machines: tuple[Path, Path], *args: str, nproc: int) -> None:
+    """`bash run.sh ARGS` as one job of both machines (NODE_RANK 0 and 1), `nproc` processes each; both succeed."""
+    env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": str(nproc)}
+    nodes = [
+        subprocess.Popen(["bash", "run.sh", *args], cwd=machine, env=tool_env(NODE_RANK=str(rank), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank, machine in enumerate(machines)
+    ]  # fmt: skip
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+
+
 @pytest.mark.parametrize(
     "answers",
     [
@@ -151,19 +169,10 @@ def test_folder_and_synthetic_projects_train_out_of_the_box(bake, tmp_path, answ
     ids=lambda a: "-".join(a.values()),
 )
 def test_two_machines_on_loopback_train_as_one_job(bake, tmp_path, answers):
-    machine0 = bake(nodes="multi", **answers)
-    machine1 = tmp_path / "machine1"
-    shutil.copytree(machine0, machine1)
-    env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "1"}
-    command = ["bash", "run.sh", "--epochs", "1", "--output-dir", "out"]
+    machine0, machine1 = two_machines(bake(nodes="multi", **answers), tmp_path)
 
-    nodes = [
-        subprocess.Popen(command, cwd=machine, env=tool_env(NODE_RANK=str(rank), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank, machine in enumerate((machine0, machine1))
-    ]  # fmt: skip
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    run_on_both((machine0, machine1), "--epochs", "1", "--output-dir", "out", nproc=1)
 
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     [record] = read_metrics(machine0 / "out")
     assert record["world_size"] == 2
     assert record["train_samples"] == TRAIN_SIZE
@@ -172,20 +181,12 @@ def test_two_machines_on_loopback_train_as_one_job(bake, tmp_path, answers):
 
 
 def test_hsdp_on_two_machines_of_two_processes_trains_as_ddp_on_four_and_saves_into_the_shared_folder(bake, tmp_path):
-    machine0 = bake(nodes="multi", framework="pytorch")
-    machine1 = tmp_path / "machine1"
-    shutil.copytree(machine0, machine1)
+    machines = two_machines(bake(nodes="multi", framework="pytorch"), tmp_path)
     shared = tmp_path / "shared"  # the output folder both machines see (a network file system)
     args = ["--epochs", "1", "--batch-size", "50", "--output-dir"]
-    env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "2"}
-    command = ["bash", "run.sh", *args, str(shared), "--strategy", "hsdp"]
 
-    nodes = [
-        subprocess.Popen(command, cwd=machine, env=tool_env(NODE_RANK=str(rank), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank, machine in enumerate((machine0, machine1))
-    ]  # fmt: skip
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    run_on_both(machines, *args, str(shared), "--strategy", "hsdp", nproc=2)
+    machine0 = machines[0]
     train(machine0, *args, str(tmp_path / "ddp"), nproc=4, NNODES="1")
 
     results = ("train_loss", "val_loss", "val_acc", "world_size", "train_samples", "val_samples")
