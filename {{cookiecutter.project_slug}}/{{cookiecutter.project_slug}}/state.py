@@ -116,9 +116,10 @@ class TrainingState:
 class CheckpointerBase:
     """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
 
-    A framework's Checkpointer adds its files: _write() (rank 0; every rank where _every_rank_writes) and _read(), which loads the
-    model, optimizer, schedule and scaler; _init_weights() for --init-from; and its random
-    streams and schedule (its base rate, and the factor of the epoch it is at).
+    A framework's Checkpointer adds its files: _write() (rank 0; every rank where _every_rank_writes)
+    and _read(), which loads the model, optimizer, schedule and scaler; _init_weights() for
+    --init-from; and its random streams and schedule (its base rate, and the factor of the epoch
+    it is at).
     """
 
     _every_rank_writes = False  # a framework's Checkpointer sets it where each rank saves its own shards

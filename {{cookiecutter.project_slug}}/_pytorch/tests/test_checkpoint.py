@@ -496,3 +496,10 @@ def test_ranks_that_find_different_sharded_saves_stop_before_loading_instead_of_
         fsdp_checkpointer(tmp_path).resume("auto")
 
     assert "shared filesystem" in str(error.value)
+
+
+def test_a_sharded_save_of_another_model_is_refused_naming_the_mismatch(tmp_path, process_group_of_one):
+    save_epoch(fsdp_checkpointer(tmp_path), 1, 0.5, True)
+
+    with pytest.raises(UserError, match=r"does not match the model \(Size mismatch .*\[3, 4\].*\[5, 4\]"):
+        build_checkpointer(tmp_path, out_features=5).resume("auto")

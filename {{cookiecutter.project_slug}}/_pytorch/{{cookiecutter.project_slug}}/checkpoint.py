@@ -14,6 +14,7 @@ a folder without it is incomplete), and then points the link DIR/checkpoints/las
 switch as whole as os.replace(). Either form resumes under either strategy, on any number of processes.
 """
 
+import contextlib
 import logging
 import os
 import pickle
@@ -47,6 +48,7 @@ LAST, BEST = "last.pt", "best.pt"
 _SHARDED = {LAST: "last", BEST: "best"}  # the links to sharded saves' folders
 _TRAINING = "training.pt"  # in a sharded save's folder
 STATE_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "rng", "progress")
+_TRAINING_KEYS = STATE_KEYS[2:]  # training.pt's: all but the shards
 
 
 class Checkpointer(CheckpointerBase):
@@ -190,7 +192,7 @@ class Checkpointer(CheckpointerBase):
 
     def _read_shards(self, folder: Path) -> dict:
         """A sharded save, on this rank: its part of each tensor (the whole tensor for an unsharded model)."""
-        checkpoint = _load_checkpoint(folder / _TRAINING, keys=STATE_KEYS[2:])
+        checkpoint = _load_checkpoint(folder / _TRAINING, keys=_TRAINING_KEYS)
         model = self.model if self._sharded else distributed.unwrap(self.model)
         weights, optimizer = get_state_dict(model, self.optimizer)
         with _mismatch_explained(folder):
@@ -266,23 +268,18 @@ def _other_save(path: Path) -> Path:
     return path.parent.parent / _SHARDED[BEST] if path.name == _TRAINING else path.with_name(BEST)
 
 
-class _mismatch_explained:
+@contextlib.contextmanager
+def _mismatch_explained(path: Path):
     """A checkpoint of another model (names or shapes that differ): one line, not the loader's traceback."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, trace) -> bool:
-        if isinstance(error, RuntimeError | KeyError | ValueError | CheckpointException):
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            detail = lines[1] if len(lines) > 1 else (lines[0] if lines else kind.__name__)
-            raise UserError(
-                f"checkpoint {self.path} does not match the model ({detail}): use a new --output-dir for a new model"
-            ) from None
-        return False
+    try:
+        yield
+    except (RuntimeError, KeyError, ValueError, CheckpointException) as error:
+        if isinstance(error, CheckpointException):  # each failed rank's (error, traceback): the first one's
+            error = next(iter(error.failures.values()))[0]
+        detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
+        raise UserError(
+            f"checkpoint {path} does not match the model ({detail}): use a new --output-dir for a new model"
+        ) from None
 
 
 def _keyed_by_name(state: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
@@ -311,7 +308,7 @@ def read_weights(checkpoint: Path) -> tuple[dict, dict]:
     """The model weights and the data description (seam.data_description()) of a checkpoint (a file, or a sharded
     save's folder, read whole), or of a bare state dict."""
     if checkpoint.is_dir():
-        return _sharded_weights(checkpoint), _load_checkpoint(checkpoint / _TRAINING, keys=STATE_KEYS[2:])["data"]
+        return _sharded_weights(checkpoint), _load_checkpoint(checkpoint / _TRAINING, keys=_TRAINING_KEYS)["data"]
     if not checkpoint.is_file():
         raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
     try:
