@@ -45,6 +45,12 @@ def nodes_for(answers: dict) -> int:
     return 1 if answers["framework"] == "paddle" and answers["launcher"] == "spawn" else 2
 
 
+def sharded(answers: dict) -> bool:
+    """Whether a launch case's job trains with --strategy fsdp: every PyTorch one but the scancel test's
+    uninterrupted reference (its answers are a RECOMMENDED_CASES one), which trains as the cancelled job does."""
+    return answers["framework"] == "pytorch" and answers not in RECOMMENDED_CASES
+
+
 @dataclass
 class Job:
     project: Path
@@ -140,7 +146,8 @@ def jobs(cluster, cookies_session) -> dict:
     for answers in LAUNCH_CASES:
         nodes = nodes_for(answers)
         project = bake(nodes="multi" if nodes > 1 else "single", **answers)
-        submitted[case_id(answers)] = Job(project, (f"--nodes={nodes}",), tuple(ARGS), nproc=2).submit(cluster)
+        args = (*ARGS, "--strategy", "fsdp") if sharded(answers) else tuple(ARGS)
+        submitted[case_id(answers)] = Job(project, (f"--nodes={nodes}",), args, nproc=2).submit(cluster)
     yield submitted
     canceller.shutdown(wait=False, cancel_futures=True)
 
@@ -191,6 +198,10 @@ def test_sbatch_on_two_machines_trains_one_job_of_four_processes(cluster, jobs, 
         assert all(re.search(rf"\b{master}\b", line) for line in found), found
     else:
         assert all("machine 0 of 1" in line for line in found), found
+    if sharded(answers):  # what a user sees of fsdp: its line, and a folder of shards where ddp writes last.pt
+        assert "strategy fsdp: " in job.log(), job.log()
+        checkpoints = job.output / "checkpoints"
+        assert (checkpoints / "last").is_dir() and not (checkpoints / "last.pt").exists(), list(checkpoints.iterdir())
 
 
 def test_a_job_that_reaches_its_time_limit_saves_requeues_itself_and_trains_every_epoch_once(cluster, jobs):

@@ -290,3 +290,65 @@ def test_a_gpu_run_that_waits_on_a_slow_disk_says_so_once(project_root, tmp_path
 
     assert (output / "train.log").read_text().count("training waits for its data") == 1
     assert metrics(output)[0]["data_wait"] > 0.5
+
+
+# Each framework's sharded strategies (README: Models larger than one GPU) as a user asks for them: (arguments, words
+# train.log holds).
+SHARDED_RUNS = {
+    "pytorch": {
+        "fsdp-bf16-recompute": (
+            ("--strategy", "fsdp", "--amp", "--amp-dtype", "bf16", "--activation-checkpointing"),
+            ("strategy fsdp: ", "bfloat16 mixed precision"),
+        ),
+    },
+    "paddle": {
+        f"sharding-stage{stage}": (("--strategy", "sharding", "--sharding-stage", str(stage)), ("strategy sharding",))
+        for stage in (2, 3)
+    },
+}[FRAMEWORK]
+
+
+def train_sharded(project: Path, output: Path, run: str, epochs: int, nproc: int = 1) -> str:
+    """`--epochs epochs` of SHARDED_RUNS[run] on the GPU(s); its train.log. A GPU without native bfloat16 refuses
+    --amp-dtype bf16 in one line: the test is then skipped, saying so."""
+    args, _ = SHARDED_RUNS[run]
+    result = train(project, output, "--epochs", str(epochs), "--device", "gpu", *args, nproc=nproc, check=False)
+    if result.returncode != 0 and "error: --amp-dtype bf16: this GPU" in result.stderr:
+        pytest.skip(result.stderr.strip().splitlines()[-1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return (output / "train.log").read_text()
+
+
+def assert_resumed_once(log: str, rows: list[dict], world_size: int) -> None:
+    """The second run went on from the first one's epoch 1 and trained epoch 2 only: each epoch recorded once."""
+    resumed = [line for line in log.splitlines() if "resumed from" in line]
+    assert len(resumed) == 1 and resumed[0].endswith(" (epoch 1)"), log
+    assert [(row["epoch"], row["world_size"]) for row in rows] == [(1, world_size), (2, world_size)]
+    assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"]) for row in rows)
+
+
+@pytest.mark.parametrize("run", SHARDED_RUNS)
+def test_a_sharded_strategy_trains_on_one_gpu_and_the_same_command_resumes_it(run, project_root, tmp_path):
+    output = tmp_path / "output"
+
+    train_sharded(project_root, output, run, epochs=1)
+    log = train_sharded(project_root, output, run, epochs=2)
+
+    assert "1 process(es) on gpu" in log
+    assert all(words in log for words in SHARDED_RUNS[run][1]), log
+    assert_resumed_once(log, metrics(output), world_size=1)
+
+
+@pytest.mark.gpu(2)
+@pytest.mark.parametrize("run", SHARDED_RUNS)
+def test_a_sharded_strategy_on_two_gpus_saves_folders_of_shards_and_resumes_from_last(run, project_root, tmp_path):
+    output, checkpoints = tmp_path / "output", tmp_path / "output" / "checkpoints"
+
+    log = train_sharded(project_root, output, run, epochs=1, nproc=2)
+
+    assert "2 process(es) on gpu" in log
+    assert all(words in log for words in SHARDED_RUNS[run][1]), log
+    assert (checkpoints / "last").is_dir() and (checkpoints / "best").is_dir()
+    assert not (checkpoints / LAST).exists() and not (checkpoints / CHECKPOINT).exists()  # no single files
+    log = train_sharded(project_root, output, run, epochs=2, nproc=2)
+    assert_resumed_once(log, metrics(output), world_size=2)
