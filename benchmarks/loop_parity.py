@@ -29,8 +29,8 @@ env = distributed.setup("cpu", 600)
 train_set, val_set, num_classes = build_datasets(args)
 train_loader, val_loader = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
 model = distributed.wrap_model(build_model(num_classes), env)
-optimizer = distributed.wrap_optimizer(build_optimizer(model, cli.DEFAULT_LR))
 scaler = engine.grad_scaler(None)  # full precision, as on CPUs
+model, optimizer, scaler = distributed.wrap_optimizer(model, build_optimizer(model, cli.DEFAULT_LR), scaler)
 watch = LoaderWatch.of(train_loader, env)  # as training.py times every batch
 plain_train, plain_val = reference.plain_loaders(train_set, val_set, args.batch_size, args.seed)
 

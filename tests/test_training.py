@@ -442,8 +442,11 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
         model.write(SLOW_STEPS)
     key = (answers["framework"], answers.get("paddle_api"))
-    # PyTorch's launchers stop and resume a sharded model (FSDP: every rank writes its shards at the stop).
-    args = [*STOP_ARGS, "--strategy", "fsdp"] if answers["framework"] == "pytorch" else STOP_ARGS
+    # Every launcher stops and resumes a sharded model (FSDP: every rank writes its shards at the stop; Paddle's
+    # basic loop: its part of the optimizer state); paddle.Model.fit() does not shard.
+    args = STOP_ARGS + {("pytorch", None): ["--strategy", "fsdp"], ("paddle", "basic"): ["--strategy", "sharding"]}.get(
+        key, []
+    )
     if key not in UNINTERRUPTED:
         train(project, *args, "--output-dir", str(tmp_path / "reference"))
         UNINTERRUPTED[key] = without_timings(read_metrics(tmp_path / "reference"))
@@ -471,7 +474,7 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
 STEP_SAVE_CASES = [  # (answers, flags, the processes of the resumed job): each loop once, fewer and more ranks
     ({"framework": "pytorch"}, [], 1),
     ({"framework": "pytorch"}, ["--strategy", "fsdp"], 3),
-    ({"framework": "paddle", "paddle_api": "basic"}, [], 1),
+    ({"framework": "paddle", "paddle_api": "basic"}, ["--strategy", "sharding"], 1),
     ({"framework": "paddle", "paddle_api": "highlevel"}, [], 3),
 ]
 
@@ -579,6 +582,56 @@ def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_unde
     assert (tmp_path / "folder.csv").read_text() == (tmp_path / "file.csv").read_text()
     keys = run_in("-c", f"import torch; print(sorted(torch.load({str(tmp_path / 'model.pt')!r}, weights_only=True)))")
     assert keys.stdout.split() == ["['data',", "'model']"]
+
+
+def test_paddle_sharding_trains_as_data_parallel_and_its_saves_resume_predict_and_export_under_either_strategy(
+    bake, tmp_path
+):
+    project = bake(framework="paddle", paddle_api="basic")
+    args = ["--batch-size", "50", "--output-dir"]
+    train(project, "--epochs", "2", *args, str(tmp_path / "ddp"))
+    train(project, "--epochs", "2", "--strategy", "sharding", *args, str(tmp_path / "sharding"))
+    output = tmp_path / "sharding"
+    checkpoints = output / "checkpoints"
+
+    results = ("train_loss", "val_loss", "val_acc", "train_samples", "val_samples")
+    for ddp, sharded in zip(read_metrics(tmp_path / "ddp"), read_metrics(output), strict=True):
+        assert [sharded[key] for key in results] == pytest.approx([ddp[key] for key in results], rel=1e-5)
+    assert {path.name for path in checkpoints.iterdir() if not path.name.startswith("save-")} == {"last", "best"}
+    assert {path.name for path in (checkpoints / "last").iterdir()} >= {"optimizer-0.pdopt", "optimizer-1.pdopt"}
+    assert "strategy sharding stage 1: " in (output / "train.log").read_text(encoding="utf-8")
+
+    # The parts of 2 processes, resumed by 1 in data parallel (files then), then by 3 sharding again.
+    train(project, "--epochs", "3", *args, str(output), nproc=1)
+    train(project, "--epochs", "4", "--strategy", "sharding", *args, str(output), nproc=3)
+    log = (output / "train.log").read_text(encoding="utf-8")
+    assert f"resumed from {checkpoints / 'last'} (epoch 2)" in log
+    assert f"resumed from {checkpoints / 'last.pdparams'} (epoch 3)" in log
+    metrics = read_metrics(output)
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4] and [m["world_size"] for m in metrics] == [2, 2, 1, 3]
+
+    # predict.py reads the sharded best as it is, and export.py makes one file that predicts the same.
+    run_in = lambda *command: run(["python", *command], project)  # noqa: E731
+    exported = run_in("export.py", str(checkpoints / "best"), str(tmp_path / "model.pdparams"))
+    assert exported.returncode == 0, exported.stderr
+    for checkpoint, written in ((checkpoints / "best", "folder.csv"), (tmp_path / "model.pdparams", "file.csv")):
+        predicted = run_in("predict.py", "--checkpoint", str(checkpoint), "--input", "data/digits.zip",
+                           "--output", str(tmp_path / written))  # fmt: skip
+        assert predicted.returncode == 0, predicted.stderr
+    assert (tmp_path / "folder.csv").read_text() == (tmp_path / "file.csv").read_text()
+
+    # Stages 2 and 3 on CPUs, and sharding with paddle.Model: one line each, nothing trained.
+    refused = run(["bash", "run.sh", "--strategy", "sharding", "--sharding-stage", "2", "--output-dir",
+                   str(tmp_path / "stage2")], project, timeout=120, NPROC_PER_NODE="2")  # fmt: skip
+    # (paddle's launcher shows rank 0's output, its error line, on stdout, and says on stderr that it failed.)
+    assert refused.returncode == 1, refused.stdout
+    assert "error: --sharding-stage 2: paddle shards gradients and parameters on GPUs only" in refused.stdout
+    highlevel = bake(framework="paddle", paddle_api="highlevel")
+    refused = run(["python", "run.py", "--strategy", "sharding", "--output-dir", str(tmp_path / "fit")], highlevel)
+    assert refused.returncode == 1 and refused.stderr.splitlines() == [
+        "error: --strategy sharding: paddle.Model.fit() trains in its own DataParallel, which does not shard; a "
+        "project baked with paddle_api=basic shards (or drop --strategy)"
+    ]
 
 
 TIMINGS = ("epoch_time_s", "data_wait")  # clock readings, not results

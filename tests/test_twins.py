@@ -76,7 +76,7 @@ def packages(cookies_session) -> dict[str, Path]:
 
 
 # What one framework has and the other has not: FSDP2 (--strategy fsdp, hsdp) is PyTorch's.
-FRAMEWORK_ONLY = {"pytorch": {"fsdp.py"}, "paddle": set()}
+FRAMEWORK_ONLY = {"pytorch": {"fsdp.py"}, "paddle": {"sharding.py"}}
 
 
 def test_both_frameworks_have_the_same_modules(packages):

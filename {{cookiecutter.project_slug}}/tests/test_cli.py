@@ -1,5 +1,6 @@
 """Flags: where the data comes from, and defaults that do not depend on the working folder."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -8,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.project_slug }} import cli, settings
+
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "SLURM_NTASKS")
 
 
 def test_an_explicit_data_dir_alone_means_the_data_is_already_there(tmp_path):
@@ -77,3 +80,44 @@ def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(pr
         "error: unrecognized arguments: --learning-rate 0.1 (run.py --help lists the flags)"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_model_options_are_read_as_python_numbers_bools_and_none_or_else_as_text():
+    options = ["width=4096", "dropout=0.1", "bias=False", "norm=None", "act=gelu", "name='a b'", "sizes=[1, 2]"]
+    args = cli.parse_args([word for option in options for word in ("--model-option", option)])
+
+    assert args.model_option == [
+        ("width", 4096), ("dropout", 0.1), ("bias", False), ("norm", None), ("act", "gelu"), ("name", "a b"),
+        ("sizes", "[1, 2]"),  # scalars only: build_model() reads a list out of its text if it wants one
+    ]  # fmt: skip
+    assert cli.parse_args([]).model_option == []
+
+
+def test_a_model_option_that_is_not_name_equals_value_is_refused_before_anything_starts(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(["--model-option", "4096"])
+
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: argument --model-option: must be NAME=VALUE (a parameter of build_model() in model.py), got 4096 "
+        "(run.py --help lists the flags)"
+    ]
+
+
+def test_a_model_option_build_model_does_not_take_ends_the_run_in_one_line_naming_those_it_takes(
+    project_root, tmp_path
+):
+    from {{ cookiecutter.project_slug }}.model import build_model
+
+    result = subprocess.run(
+        [sys.executable, "run.py", "--model-option", "depth=3", "--device", "cpu", "--output-dir", str(tmp_path)],
+        cwd=project_root, env={name: value for name, value in os.environ.items() if name not in LAUNCHER_VARIABLES},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    takes = [name for name in inspect.signature(build_model).parameters if name != "num_classes"]
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error")] == [
+        f"error: --model-option depth: build_model() in model.py takes no such parameter; it takes {', '.join(takes)}"
+    ]

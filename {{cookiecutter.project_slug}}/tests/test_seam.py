@@ -1,6 +1,7 @@
 """The seam to the user's three files, framework-free: best.* by the metric and direction task.py states, one-line
 errors for a task that cannot work, metrics combined in batch order, and what the data description passes on."""
 
+import json
 import logging
 import math
 
@@ -116,6 +117,29 @@ def test_a_datasets_own_description_is_kept_as_it_is_with_the_class_count():
     assert seam.data_description(table, 1) == {
         "columns": ["age", "bmi"], "mean": [50.0, 26.0], "classes": ["0"], "num_classes": 1,
     }  # fmt: skip
+
+
+def wide_cnn(num_classes, channels=3, width=128):
+    return num_classes, channels, width
+
+
+def test_model_options_of_the_command_line_go_over_the_datas_and_the_checkpoint_keeps_them_for_predicting():
+    options = seam.chosen_options(wide_cnn, [("width", 4096), ("channels", 1), ("width", 512)])  # the last one wins
+    images = type("Images", (), {"description": {"channels": 3}})()
+    saved = json.loads(json.dumps(seam.data_description(images, 2, options)))  # plain values, as a checkpoint holds
+
+    assert wide_cnn(2, **seam.model_options(wide_cnn, saved)) == (2, 1, 512)
+    assert "model_options" not in seam.data_description(images, 2, seam.chosen_options(wide_cnn, []))
+
+
+def test_a_model_option_build_model_does_not_take_is_one_line_naming_those_it_takes():
+    for name in ("depth", "num_classes"):  # num_classes comes from the data
+        with pytest.raises(UserError) as error:
+            seam.chosen_options(wide_cnn, [(name, 3)])
+        assert str(error.value) == (
+            f"--model-option {name}: build_model() in model.py takes no such parameter; it takes channels, width"
+        )
+    assert seam.chosen_options(lambda num_classes, **options: None, [("depth", 3)]) == {"depth": 3}
 
 
 def test_model_options_fill_only_the_arguments_build_model_takes():

@@ -1,6 +1,7 @@
 """Command-line flags of run.py and predict.py; the same for every framework and launcher."""
 
 import argparse
+import ast
 import math
 import os
 from pathlib import Path
@@ -13,11 +14,12 @@ from .workspace import ARCHIVE_SUFFIXES, SAMPLE_DATA_DIR
 
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05
-STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp",)}[FRAMEWORK]
+STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp", "sharding")}[FRAMEWORK]
 STRATEGY_HELP = {
     "pytorch": "fsdp: each holds a shard of the parameters, gradients and optimizer state (FSDP2), for models "
     "that do not fit one GPU; hsdp: sharded within each machine, replicated across machines",
-    "paddle": "the only choice in this version (Paddle's sharding is not in it yet)",
+    "paddle": "sharding: each holds a part of the optimizer state (--sharding-stage 1), also of the gradients (2), "
+    "also of the parameters (3), for models whose training state does not fit one GPU",
 }[FRAMEWORK]
 
 
@@ -54,6 +56,20 @@ def fraction(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
     return value
+
+
+def model_option(text: str) -> tuple[str, object]:
+    """NAME=VALUE: a keyword argument of build_model(); VALUE read as a Python number, bool or None (4096, 0.1,
+    True), else as text."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"must be NAME=VALUE (a parameter of build_model() in model.py), got {text}")
+    try:
+        read = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        read = value
+    # Scalars only, as a checkpoint's description records them (seam.data_description()); a list stays text.
+    return name, read if isinstance(read, (bool, int, float, str, type(None))) else value
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -102,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a fresh start begins from these weights (a state dict, or a checkpoint of this project): those that "
         "fit the model by name and shape; the others (a new classifier head) are listed and keep their initial values",
+    )
+    parser.add_argument(
+        "--model-option",
+        type=model_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword argument for build_model() in model.py (repeatable; e.g. the sample's width=4096), over what "
+        "the data fills in; checkpoints record it for predict.py (a resumed run needs it given again)",
     )
     parser.add_argument(
         "--synthetic",
@@ -168,6 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="ddp",
         help="ddp: every process holds the whole model; " + STRATEGY_HELP,
     )
+    if "sharding" in STRATEGIES:
+        parser.add_argument(
+            "--sharding-stage",
+            type=int,
+            choices=(1, 2, 3),
+            default=1,
+            help="with --strategy sharding: 1 shards the optimizer state (CPUs and GPUs), 2 also the gradients, 3 "
+            "also the parameters (GPUs only)",
+        )
     parser.add_argument(
         "--activation-checkpointing",
         action="store_true",
@@ -263,6 +297,10 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     parser = build_parser()
     args = parser.parse_args(argv)
     args.output_dir = workspace.output_dir(args.output_dir, args.train_url)  # the one place that decides it
+    if getattr(args, "sharding_stage", 1) > 1 and args.strategy != "sharding":
+        parser.error(f"--sharding-stage {args.sharding_stage} needs --strategy sharding")
+    if args.strategy == "sharding":  # the loop's name for it, and the log's
+        args.strategy = f"sharding stage {args.sharding_stage}"
     try:
         resolve_data_paths(args, quiet)
     except PlatformError as error:

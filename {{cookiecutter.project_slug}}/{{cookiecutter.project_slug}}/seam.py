@@ -142,11 +142,12 @@ def validation_parts(result, batch) -> tuple[Mapping, Mapping]:
     return result
 
 
-def data_description(train_set, num_classes: int) -> dict:
+def data_description(train_set, num_classes: int, model_options: dict | None = None) -> dict:
     """What a checkpoint keeps for predicting, as plain values: the training set's `description`
     (class names, a table's columns and statistics, a vocabulary, ...), with class names
     "0", "1", ... where it names none, and `num_classes` (the network's outputs). A dataset that sets the older attributes (classes,
-    image_size, channels, mean, std) instead is described by those."""
+    image_size, channels, mean, std) instead is described by those. `model_options` (--model-option's, from
+    chosen_options()) are kept too: predict.py builds the network they made."""
     description = dict(getattr(train_set, "description", None) or {})
     if not description:
         older = ("classes", "image_size", "channels", "mean", "std")
@@ -154,12 +155,34 @@ def data_description(train_set, num_classes: int) -> dict:
     if not description.get("classes"):
         description["classes"] = [str(label) for label in range(num_classes)]
     description["classes"] = [str(name) for name in description["classes"]]
+    if model_options:
+        description["model_options"] = model_options
     return {**description, "num_classes": num_classes}
 
 
+def chosen_options(build_model, chosen: list[tuple[str, object]], shown: bool = True) -> dict:
+    """--model-option's (name, value) pairs as keyword arguments, each a parameter that build_model() takes
+    (num_classes comes from the data); a name it does not take ends the job in one line naming those it does
+    (`shown`: on this rank)."""
+    parameters = inspect.signature(build_model).parameters.values()
+    keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = [parameter.name for parameter in parameters if parameter.kind in keywords]
+    accepted = [name for name in named if name != "num_classes"]
+    takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)  # **options
+    for name, _ in chosen:
+        if name == "num_classes" or (name not in accepted and not takes_any):
+            raise UserError(
+                f"--model-option {name}: build_model() in model.py takes no such parameter; it takes "
+                f"{', '.join(accepted) or 'none but num_classes'}",
+                shown=shown,
+            )
+    return dict(chosen)
+
+
 def model_options(build_model, description: dict) -> dict:
-    """The keyword arguments of build_model() that the data description fills (channels, a vocabulary's size, the
-    number of features, ...): build_model(num_classes) stays the extension point, and gets what it asks for by
-    name."""
-    accepted = inspect.signature(build_model).parameters
-    return {name: description[name] for name in accepted if name != "num_classes" and description.get(name) is not None}
+    """The keyword arguments of build_model(): those the data description fills (channels, a vocabulary's size, the
+    number of features, ...), and over them the --model-option values it records. build_model(num_classes) stays
+    the extension point, and gets what it asks for by name."""
+    accepted = [name for name in inspect.signature(build_model).parameters if name != "num_classes"]
+    filled = {name: description[name] for name in accepted if description.get(name) is not None}
+    return filled | description.get("model_options", {})

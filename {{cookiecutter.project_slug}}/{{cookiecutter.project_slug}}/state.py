@@ -123,6 +123,7 @@ class CheckpointerBase:
     """
 
     _every_rank_writes = False  # a framework's Checkpointer sets it where each rank saves its own shards
+    _saves_in_background = False  # and this where those saves can be written while training goes on
 
     def __init__(
         self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None,
@@ -140,8 +141,8 @@ class CheckpointerBase:
 
     def save_in_background(self, asked: bool | None) -> None:
         """--save-async: saves written while training goes on (None: where each rank saves its shards)."""
-        self.in_background = self._every_rank_writes if asked is None else asked and self._every_rank_writes
-        if asked and not self._every_rank_writes:
+        self.in_background = self._saves_in_background if asked is None else asked and self._saves_in_background
+        if asked and not self._saves_in_background:
             log.info("--save-async: only a sharded model's saves (PyTorch's --strategy fsdp, hsdp) are written in the "
                      "background; this run writes its checkpoints before training goes on")  # fmt: skip
 

@@ -33,6 +33,7 @@ def train(args) -> None:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
+        options = seam.chosen_options(build_model, args.model_option, shown=env.is_main)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -44,10 +45,13 @@ def train(args) -> None:
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # What predicting needs (class names, ...), saved with every checkpoint; build_model() gets the parts it
-        # names as parameters (the images' channels, a vocabulary's size, ...).
-        data = seam.data_description(train_set, num_classes)
-        network = build_model(num_classes, **seam.model_options(build_model, data))
+        # What predicting needs (class names, ..., --model-option's), saved with every checkpoint; build_model() gets
+        # the parts it names as parameters (the images' channels, a vocabulary's size, ...).
+        data = seam.data_description(train_set, num_classes, options)
+        # --init-from under fsdp/hsdp: rank 0 alone builds the whole network, the others build it on the meta device
+        # (no memory); wrap_model() sends each its shards of rank 0's weights, resume() those of the file rank 0 reads.
+        with engine.whole_on_rank0_only(env, args.strategy, args.init_from):
+            network = build_model(num_classes, **seam.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
         model = distributed.wrap_model(
@@ -57,8 +61,8 @@ def train(args) -> None:
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = build_optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
-        optimizer = distributed.wrap_optimizer(optimizer)
         scaler = engine.grad_scaler(amp_dtype)
+        model, optimizer, scaler = distributed.wrap_optimizer(model, optimizer, scaler, args.strategy)
 
         output_dir = Path(args.output_dir)
         best = (task.BEST_METRIC, task.BEST_MODE)  # what picks best.*

@@ -58,12 +58,14 @@ def momentum(model: nn.Layer) -> paddle.optimizer.Optimizer:
     return paddle.optimizer.Momentum(learning_rate=0.5, momentum=0.9, parameters=model.parameters())
 
 
-def with_own_loop(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
-    model = distributed.wrap_model(network, env)
-    optimizer = distributed.wrap_optimizer(momentum(model))
-    scaler = engine.grad_scaler(False)
+def with_own_loop(network: nn.Layer, loader, env, grad_accum: int, strategy="ddp", clip_grad_norm=None) -> list[dict]:
+    model = distributed.wrap_model(network, env, strategy=strategy)
+    model, optimizer, scaler = distributed.wrap_optimizer(model, momentum(model), engine.grad_scaler(False), strategy)
+    stop, clip = StopRequest(), clip_grad_norm
     return [
-        engine.train_one_epoch(model, loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), grad_accum)
+        engine.train_one_epoch(
+            model, loader, optimizer, scaler, env, epoch, EpochProgress(), stop, grad_accum, clip_grad_norm=clip
+        )
         for epoch in range(1, EPOCHS + 1)
     ]
 
@@ -88,7 +90,7 @@ if importlib.util.find_spec("{{ cookiecutter.project_slug }}.fit"):  # paddle_ap
     LOOP_MODULES.append(fit)
 
 
-def train(loop: str, batch_size: int, grad_accum: int) -> dict:
+def train(loop: str, batch_size: int, grad_accum: int, **options) -> dict:
     """Train with the project's loaders, model wrapper and loop; return parameters and per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
@@ -97,7 +99,7 @@ def train(loop: str, batch_size: int, grad_accum: int) -> dict:
                 patch.setattr(module, "task", CLASSIFICATION)
             train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
             network = build_model()
-            epochs = LOOPS[loop](network, train_loader, env, grad_accum)
+            epochs = LOOPS[loop](network, train_loader, env, grad_accum, **options)
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [p.numpy().copy() for p in network.parameters()],
@@ -108,25 +110,26 @@ def train(loop: str, batch_size: int, grad_accum: int) -> dict:
         distributed.cleanup()
 
 
-def rank_worker(loop: str, batch_size: int, grad_accum: int, out_dir: str) -> None:
-    save_rank_result(out_dir, dist.get_rank(), train(loop, batch_size, grad_accum))
+def rank_worker(loop: str, batch_size: int, grad_accum: int, out_dir: str, options: dict) -> None:
+    save_rank_result(out_dir, dist.get_rank(), train(loop, batch_size, grad_accum, **options))
 
 
-def train_in_ranks(tmp_path, loop: str, world_size: int, batch_size: int, grad_accum: int) -> list[dict]:
+def train_in_ranks(tmp_path, loop: str, world_size: int, batch_size: int, grad_accum: int, **options) -> list[dict]:
     """Train in world_size processes started by paddle.distributed.spawn, joined by gloo; every rank's result."""
     out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}"
     out_dir.mkdir()
     # gloo, as the ranks train on CPUs (setup("cpu")): spawn's default on a GPU machine is one GPU per rank
-    dist.spawn(rank_worker, args=(loop, batch_size, grad_accum, str(out_dir)), nprocs=world_size, backend="gloo")
+    worker_args = (loop, batch_size, grad_accum, str(out_dir), options)
+    dist.spawn(rank_worker, args=worker_args, nprocs=world_size, backend="gloo")
     return rank_results(out_dir, world_size)
 
 
-def train_here(loop: str, batch_size: int, grad_accum: int) -> dict:
+def train_here(loop: str, batch_size: int, grad_accum: int, **options) -> dict:
     """Train in this process, as `python run.py` does: no launcher variables, no process group."""
     with pytest.MonkeyPatch.context() as patch:
         for name in LAUNCHER_VARIABLES:
             patch.delenv(name, raising=False)
-        return train(loop, batch_size, grad_accum)
+        return train(loop, batch_size, grad_accum, **options)
 
 
 @pytest.fixture(scope="module", params=LOOPS)
@@ -169,3 +172,17 @@ def test_two_ranks_accumulating_without_sync_match_one_process_with_batch_2b(tmp
 
     for result in ranks:
         assert_same_training(result, one_process_with_batch_2b)
+
+
+@pytest.mark.parametrize("clip_grad_norm", [None, 0.05])
+def test_two_ranks_sharding_the_optimizer_state_train_as_one_process_with_batch_2b(tmp_path, clip_grad_norm):
+    reference = train_here("own loop", 2 * B, grad_accum=1, clip_grad_norm=clip_grad_norm)
+    ranks = train_in_ranks(
+        tmp_path, "own loop", 2, B // 2, grad_accum=2, strategy="sharding stage 1", clip_grad_norm=clip_grad_norm
+    )
+
+    for result in ranks:
+        assert_same_training(result, reference)
+    if clip_grad_norm is not None:  # the clipping changed the training: the ranks clipped by the global norm
+        unclipped = train_here("own loop", 2 * B, grad_accum=1)
+        assert not np.allclose(reference["parameters"][0], unclipped["parameters"][0], atol=1e-4)

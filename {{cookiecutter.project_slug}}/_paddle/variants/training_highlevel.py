@@ -31,9 +31,16 @@ def train(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     lock = None
     try:
+        if args.strategy != "ddp":  # the basic loop's: fit() wraps the network in a DataParallel of its own
+            raise UserError(
+                "--strategy sharding: paddle.Model.fit() trains in its own DataParallel, which does not shard; a "
+                "project baked with paddle_api=basic shards (or drop --strategy)",
+                shown=env.is_main,
+            )
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
+        options = seam.chosen_options(build_model, args.model_option, shown=env.is_main)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -45,9 +52,9 @@ def train(args) -> None:
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # What predicting needs (class names, ...), saved with every checkpoint; build_model() gets the parts it
-        # names as parameters (the images' channels, a vocabulary's size, ...).
-        data = seam.data_description(train_set, num_classes)
+        # What predicting needs (class names, ..., --model-option's), saved with every checkpoint; build_model() gets
+        # the parts it names as parameters (the images' channels, a vocabulary's size, ...).
+        data = seam.data_description(train_set, num_classes, options)
         network = build_model(num_classes, **seam.model_options(build_model, data))
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = fit.paddle_model(network, train_loader, args.compile, args.channels_last, args.activation_checkpointing)

@@ -19,8 +19,16 @@ new files win. resume() does that recovery before it reads anything, so a run
 never loads weights from one epoch with the optimizer state of another. What is
 the same in PyTorch (the training state, the best epoch, resuming on every rank)
 is state.CheckpointerBase.
+
+Under --strategy sharding each rank holds a part of the optimizer state, and saves no single file: each rank
+writes its part into a new folder, rank 0 adds the weights and training.pdopt (the rest, written last: a folder
+without it is incomplete), then points the link DIR/checkpoints/last (and best) at the folder (save_folders.py).
+Paddle cannot load sharded state with several processes on CPUs, so a resume reads the parts whole, on every
+rank, and each rank's optimizer keeps its own part: either form resumes under either strategy, on any number
+of processes.
 """
 
+import errno
 import json
 import logging
 import os
@@ -32,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from . import distributed
+from . import distributed, save_folders, sharding
 from .errors import UserError
 from .state import CheckpointerBase
 
@@ -43,16 +51,29 @@ STATE_KEYS = ("optimizer", "scaler", "epoch", "rng", "progress")
 _STATE = ".pdopt"  # the training state beside each .pdparams
 _DATA = ".json"  # and the data description: predict.py reads it without the optimizer's state
 _SAVING, _SAVED = ".saving", ".saved"
+_FOLDERS = {LAST: "last", BEST: "best"}  # the links to sharded saves' folders
+_WEIGHTS, _TRAINING = "model.pdparams", "training.pdopt"  # in a sharded save's folder, beside optimizer-<rank>
 
 
 class Checkpointer(CheckpointerBase):
     """(The schedule is attached to the optimizer, engine.cosine_schedule(), whose state holds it.)"""
 
     @property
+    def _sharded(self) -> bool:
+        return sharding.holds_part(self.optimizer)
+
+    @property
+    def _every_rank_writes(self) -> bool:
+        return self._sharded
+
+    @property
     def last_path(self) -> Path:
-        return self.directory / LAST
+        return self.directory / (_FOLDERS[LAST] if self._sharded else LAST)
 
     def _write(self, training: dict, is_best: bool) -> None:
+        if self._sharded:
+            self._write_parts(training, is_best)
+            return
         training = {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -74,6 +95,34 @@ class Checkpointer(CheckpointerBase):
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
         _move_saved_into_place(self.directory)
 
+    def _write_parts(self, training: dict, is_best: bool) -> None:
+        """Every rank its part of the optimizer state, rank 0 the weights, into a new folder; once all are
+        written, rank 0 adds training.pdopt and switches the links. A failed save leaves no folder."""
+        folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
+        sharding.gather_parameters(self.model)
+        error = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            _save_synced(self.optimizer.state_dict(), folder / f"optimizer-{self.env.rank}.pdopt")
+            if self.env.is_main:
+                _save_synced(distributed.unwrap(self.model).state_dict(), folder / _WEIGHTS)
+        except Exception as caught:
+            error = caught
+        failures = distributed.all_gather_object(error and ("space" if self._out_of_space(error) else repr(error)))
+        if any(failures):
+            if self.env.is_main:
+                shutil.rmtree(folder, ignore_errors=True)
+            if "space" in failures:  # on every rank: a full disk is one line, whichever rank met it
+                raise OSError(errno.ENOSPC, f"no space left for a part of the save in {folder}") from error
+            raise error or RuntimeError(f"a rank could not write its part of the save: {next(filter(None, failures))}")
+        if self.env.is_main:
+            scaler = self.scaler.state_dict() if self.scaler is not None else None
+            _save_synced({"scaler": scaler, **training}, folder / _TRAINING)
+            if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
+                save_folders.point(self.directory / _FOLDERS[BEST], folder)
+            save_folders.point(self.directory / _FOLDERS[LAST], folder)
+            save_folders.remove_unlinked(self.directory)
+
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)
         model.set_state_dict(self._fitting(model.state_dict(), read_weights(path)[0], path))
@@ -88,24 +137,16 @@ class Checkpointer(CheckpointerBase):
         distributed.barrier()
         if how == "none":
             return None
-        path = self.last_path if how == "auto" else Path(how)
-        weights_path, state_path = path.with_suffix(".pdparams"), path.with_suffix(_STATE)
-        if not weights_path.exists():
-            if how == "auto":
-                return None
-            raise UserError(
-                f"checkpoint {weights_path} not found: pass --resume auto, none, or an existing .pdparams file"
-            )
-        if not state_path.exists():
-            raise UserError(
-                f"{weights_path} is not a checkpoint written by run.py (it has no {state_path.name} beside it): "
-                f"pass --resume with a {LAST} or {BEST}, or start in a new --output-dir "
-                "(to start from these weights, set_state_dict() them in build_model())"
-            )
-        weights, state = _load_file(weights_path), _load_file(state_path)
+        path = newest(self.directory, LAST) if how == "auto" else Path(how)
+        if path is None:
+            return None
+        if path.is_dir():
+            weights_path, (weights, state) = path, _read_parts(path)
+        else:
+            weights_path, (weights, state) = path.with_suffix(".pdparams"), _read_file(path)
         if not isinstance(weights, dict) or not isinstance(state, dict) or not all(key in state for key in STATE_KEYS):
             raise UserError(
-                f"{weights_path} is not a checkpoint written by run.py ({state_path.name} needs {', '.join(STATE_KEYS)}): "
+                f"{weights_path} is not a checkpoint written by run.py (it needs {', '.join(STATE_KEYS)}): "
                 f"pass --resume with a {LAST} or {BEST}, or start in a new --output-dir"
             )
         model = distributed.unwrap(self.model)
@@ -115,7 +156,7 @@ class Checkpointer(CheckpointerBase):
                 f"checkpoint {weights_path} does not match the model ({problem}): use a new --output-dir for a new model"
             )
         model.set_state_dict(weights)
-        self.optimizer.set_state_dict(state["optimizer"])
+        self.optimizer.set_state_dict(state["optimizer"])  # a sharded optimizer keeps its own part
         # A run without loss scaling (CPU, --no-amp) saved {}: the scaler starts afresh then.
         if self.scaler is not None and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -165,9 +206,34 @@ class Checkpointer(CheckpointerBase):
         return int(self.env.device.split(":")[1])  # "gpu:N", as setup() names this rank's GPU
 
 
+def _read_file(path: Path) -> tuple[dict, dict]:
+    """The weights and training state of a checkpoint in files (the .pdparams and the .pdopt beside it)."""
+    weights_path, state_path = path.with_suffix(".pdparams"), path.with_suffix(_STATE)
+    if not weights_path.exists():
+        raise UserError(f"checkpoint {weights_path} not found: pass --resume auto, none, or an existing .pdparams file")
+    if not state_path.exists():
+        raise UserError(
+            f"{weights_path} is not a checkpoint written by run.py (it has no {state_path.name} beside it): "
+            f"pass --resume with a {LAST} or {BEST}, or start in a new --output-dir "
+            "(to start from these weights, set_state_dict() them in build_model())"
+        )
+    return _load_file(weights_path), _load_file(state_path)
+
+
+def _read_parts(folder: Path) -> tuple[dict, dict]:
+    """The weights and training state of a sharded save, the optimizer's parts of every rank merged."""
+    training = _load_file(folder / _TRAINING)
+    optimizer = {}
+    for part in sorted(folder.glob("optimizer-*.pdopt")):
+        optimizer.update(_load_file(part))
+    return _load_file(folder / _WEIGHTS), {**training, "optimizer": optimizer}
+
+
 def read_weights(checkpoint: Path) -> tuple[dict, dict]:
-    """The model weights of a .pdparams file, and the data description (images.data_description()) in the .json
-    beside it, if there is one."""
+    """The model weights of a .pdparams file, and the data description (seam.data_description()) in the .json
+    beside it, if there is one; or both of a sharded save's folder."""
+    if checkpoint.is_dir():
+        return _load_file(checkpoint / _WEIGHTS), _load_file(checkpoint / _TRAINING)["data"]
     if not checkpoint.is_file():
         raise UserError(
             f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
@@ -184,8 +250,8 @@ def read_weights(checkpoint: Path) -> tuple[dict, dict]:
 
 
 def newest(directory: Path, name: str) -> Path | None:
-    """The save of `name` (LAST, BEST) in `directory`, where there is one: a Paddle run saves one form, the file."""
-    return directory / name if (directory / name).is_file() else None
+    """The newer complete save of `name` (LAST, BEST) in `directory`: the file, or the sharded folder; None."""
+    return save_folders.newest(directory / name, directory / _FOLDERS[name], _TRAINING)
 
 
 def export_weights(checkpoint: Path, output: Path) -> Path:

@@ -24,14 +24,13 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from unittest import mock
 
 import paddle
 import paddle.distributed as dist
 from paddle.base import core
 from paddle.distributed import fleet
 
-from . import hardware
+from . import hardware, sharding
 from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
@@ -289,25 +288,31 @@ def wrap_model(
 ) -> paddle.nn.Layer:  # fmt: skip
     """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
 
-    Under fleetrun fleet.init() makes its groups here and fleet.distributed_model() wraps. --compile,
-    --channels-last and --activation-checkpointing are PyTorch's: paddle's counterparts (paddle.jit.to_static, a
-    data_format per layer, recompute()) change the model itself, so the log says they are not applied.
+    Under fleetrun, and for sharding stage 1 (sharding.py), fleet.init() makes its groups here and
+    fleet.distributed_model() wraps; stages 2 and 3 wrap model and optimizer together in wrap_optimizer().
+    --compile, --channels-last and --activation-checkpointing are PyTorch's: paddle's counterparts
+    (paddle.jit.to_static, a data_format per layer, recompute()) change the model itself, so the log says they
+    are not applied.
     """
     _say_pytorch_only(compile, channels_last, activation_checkpointing)
-    if env.world_size == 1:
+    sharding.check_device(strategy, env.on_gpu)
+    if env.world_size == 1 or sharding.stage_of(strategy) > 1:
         return model
-    if LAUNCHER != "fleetrun":
+    if not _uses_fleet(strategy):
         return paddle.DataParallel(model, find_unused_parameters=find_unused_parameters)
-    # fleet.init() takes the strategy fleet.distributed_model() wraps by: a paddle.DataParallel for data parallel.
     quiet = "ERROR"  # not fleet's lines about its strategy, its groups and the process group setup() joined
     fleet.set_log_level(quiet)
-    strategy = fleet.DistributedStrategy()
-    strategy.find_unused_parameters = find_unused_parameters
-    with _without_flag_table(), warnings.catch_warnings(), _groups_of_all_ranks_are_the_global_group(env):
+    groups = sharding.groups_of_all_ranks_are_the_global_group(env.on_gpu, env.world_size)
+    with _without_flag_table(), warnings.catch_warnings(), groups:
         # Each rank makes every group, its own and the others' (of which it is told it is no member).
         warnings.filterwarnings("ignore", "Current global rank")
-        fleet.init(is_collective=True, strategy=strategy, log_level=quiet)
+        chosen = sharding.fleet_strategy(find_unused_parameters, env.world_size, strategy)
+        fleet.init(is_collective=True, strategy=chosen, log_level=quiet)
     return fleet.distributed_model(model)
+
+
+def _uses_fleet(strategy: str) -> bool:
+    return (LAUNCHER == "fleetrun" or sharding.stage_of(strategy) == 1) and dist.is_initialized()
 
 
 def _say_pytorch_only(compile: bool, channels_last: bool, recompute: bool = False) -> None:
@@ -316,31 +321,17 @@ def _say_pytorch_only(compile: bool, channels_last: bool, recompute: bool = Fals
         _log.info("%s is PyTorch's (paddle's counterpart changes the model): the model runs as it is", flag)
 
 
-def _groups_of_all_ranks_are_the_global_group(env: DistEnv):
-    """While fleet.init() makes its data-parallel groups on CPU, one of all ranks is the global group, not a new one.
-
-    Paddle's gloo groups meet under the same store keys, group after group: a rank can read a peer's address from
-    the group before and fail with "Connection refused" or a TIMEOUT (1 in 4 two-machine jobs on a busy host).
-    For data parallel, fleet's groups hold all ranks, which the global group already joins."""
-    if env.on_gpu:
-        return contextlib.nullcontext()
-    all_ranks, new_group = list(range(env.world_size)), dist.new_group
-
-    def group(ranks=None, *args, **kwargs):
-        return dist.get_group(0) if ranks is None or sorted(ranks) == all_ranks else new_group(ranks, *args, **kwargs)
-
-    return mock.patch.object(dist, "new_group", group)
-
-
-def wrap_optimizer(optimizer: paddle.optimizer.Optimizer) -> paddle.optimizer.Optimizer:
-    """The optimizer as the training loop uses it: itself with DataParallel, fleet's wrapper after fleet.init()."""
-    # fleet.distributed_optimizer() needs the fleet.init() of wrap_model(), which a single process skips.
-    return fleet.distributed_optimizer(optimizer) if LAUNCHER == "fleetrun" and dist.is_initialized() else optimizer
+def wrap_optimizer(model: paddle.nn.Layer, optimizer: paddle.optimizer.Optimizer, scaler, strategy: str = "ddp"):
+    """(model, optimizer, scaler) as the training loop uses them: fleet's optimizer after fleet.init(), all three
+    wrapped by sharding stages 2 and 3 (on one process: as they are)."""
+    if sharding.stage_of(strategy) > 1 and dist.is_initialized():
+        return sharding.shard_stages_2_and_3(model, optimizer, scaler, strategy)
+    return model, fleet.distributed_optimizer(optimizer) if _uses_fleet(strategy) else optimizer, scaler
 
 
 def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:
-    """The user's model, without the DataParallel wrapper."""
-    return model._layers if isinstance(model, paddle.DataParallel) else model
+    """The user's model, without the DataParallel wrapper, or fleet's, or sharding's."""
+    return model._layers if isinstance(model, paddle.DataParallel) else sharding.unwrapped(model)
 
 
 def launch(worker, args) -> None:

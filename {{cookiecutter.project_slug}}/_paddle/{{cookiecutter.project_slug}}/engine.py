@@ -17,7 +17,7 @@ import paddle.distributed as dist
 from paddle.io import DataLoader
 from paddle.io.dataloader.collate import default_collate_fn
 
-from . import distributed, hardware, loaders, seam, task
+from . import distributed, hardware, loaders, seam, sharding, task
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
@@ -57,19 +57,20 @@ def train_one_epoch(
     steps = start + len(loader)
     loss_log = LossLog(env.is_main, epoch, steps, grad_accum, log_every, tracker)
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
+    clip_here = clip_grad_norm is not None and not sharding.clips_in_step(optimizer, clip_grad_norm)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
     for step, batch in enumerate(batches, start + 1):
         batch = loaders.to_device(batch, env.device)
         # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
         steps_now = (step - start) % grad_accum == 0 or step == steps
-        # Gradients are all-reduced only on the micro-batch that steps the optimizer.
-        sync = contextlib.nullcontext() if steps_now or env.world_size == 1 else model.no_sync()
+        # Gradients are all-reduced only on the micro-batch that steps the optimizer (sharding's step reduces them).
+        sync = model.no_sync() if not steps_now and hasattr(model, "no_sync") else contextlib.nullcontext()
         with sync:
             with _autocast(amp_dtype), seam.calling("training_loss", batch):
                 loss = seam.checked_loss(task.training_loss(model, batch), batch)
             scaler.scale(loss / grad_accum).backward()
         if steps_now:
-            if clip_grad_norm is not None:
+            if clip_here:
                 scaler.unscale_(optimizer)  # the norm of the true gradients, not of the scaled ones
                 paddle.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
             scaler.step(optimizer)
@@ -182,6 +183,12 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     paddle.seed(seed)
+
+
+def whole_on_rank0_only(env: DistEnv, strategy: str, init_from: str | None):
+    """Where build_model() makes the network's tensors: on every rank, whole (PyTorch's FSDP makes them on rank 0
+    alone under --init-from)."""
+    return contextlib.nullcontext()
 
 
 def cosine_schedule(optimizer, epochs: int) -> paddle.optimizer.lr.LambdaDecay:

@@ -1,17 +1,22 @@
 """Checkpoints hold everything a resumed run needs, load safely, and never leave a broken file behind."""
 
+import os
 import random
 import shutil
+import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
+from conftest import rank_results, save_rank_result
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from {{ cookiecutter.project_slug }} import checkpoint, engine, fsdp
+from {{ cookiecutter.project_slug }} import checkpoint, distributed, engine, fsdp
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -503,3 +508,105 @@ def test_a_sharded_save_of_another_model_is_refused_naming_the_mismatch(tmp_path
 
     with pytest.raises(UserError, match=r"does not match the model \(Size mismatch .*\[3, 4\].*\[5, 4\]"):
         build_checkpointer(tmp_path, out_features=5).resume("auto")
+
+
+class PretrainedBody(nn.Module):
+    """A network whose body a pretrained file fits and whose head (another number of classes) it does not; its
+    table is a buffer no state dict holds (persistent=False), as the regression sample's target statistics are."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, classes)
+        self.register_buffer("table", torch.rand(5), persistent=False)
+
+
+def built_as_run_py_builds(env: DistEnv, strategy: str, init_from: str) -> nn.Module:
+    torch.manual_seed(0)  # engine.seed_everything(): the same initial weights on every rank
+    with engine.whole_on_rank0_only(env, strategy, init_from):
+        return PretrainedBody()
+
+
+def init_from_worker(rank: int, port: int, init_from: str, out_dir: str) -> None:
+    """Rank `rank` of 2 starting from `init_from` under --strategy fsdp, as training.py does: what it built, how
+    many files it read, the whole weights it trains from, and the error that stopped it, if one did."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")  # fmt: skip
+    env = distributed.setup("cpu", timeout_s=60)
+    reads = []
+    loading = torch.load
+
+    def reading(path, *args, **kwargs):
+        reads.append(path)
+        return loading(path, *args, **kwargs)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch, "load", reading)
+            network = built_as_run_py_builds(env, "fsdp", init_from)
+            built_on_meta = next(network.parameters()).is_meta
+            model = distributed.wrap_model(network, env, strategy="fsdp")
+            error = ""
+            try:
+                build_checkpointer(os.path.join(out_dir, "checkpoints"), model=model, env=env).resume("none", init_from)
+            except UserError as raised:
+                error = f"{raised} (shown: {raised.shown})"
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # whole, gathered
+        save_rank_result(out_dir, rank, {
+            "parameters": [value.detach().numpy() for value in weights.values()], "table": model.table.numpy(),
+            "reads": len(reads), "on_meta": built_on_meta, "error": error,
+        })  # fmt: skip
+    finally:
+        distributed.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_from_on_two_fsdp_ranks(tmp_path, init_from) -> list[dict]:
+    out_dir = tmp_path / "ranks"
+    out_dir.mkdir()
+    mp.spawn(init_from_worker, args=(free_port(), str(init_from), str(out_dir)), nprocs=2)
+    return rank_results(out_dir, world_size=2)
+
+
+def pretrained_file(tmp_path, classes: int) -> str:
+    torch.manual_seed(1)
+    path = tmp_path / "pretrained.pt"
+    torch.save(PretrainedBody(classes).state_dict(), path)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_init_from_under_fsdp_starts_from_the_weights_ddp_starts_from_and_only_rank_0_reads_the_file(tmp_path):
+    pretrained = pretrained_file(tmp_path, classes=10)  # the body fits, the head is new
+    # What DDP trains from: on every rank, the network built whole and the fitting tensors read from the file.
+    expected = built_as_run_py_builds(CPU, "ddp", pretrained)
+    build_checkpointer(tmp_path / "ddp", model=expected).resume("none", pretrained)
+
+    ranks = init_from_on_two_fsdp_ranks(tmp_path, pretrained)
+
+    for rank in ranks:
+        assert str(rank["error"]) == ""
+        for got, wanted in zip(rank["parameters"], expected.state_dict().values(), strict=True):
+            np.testing.assert_array_equal(got, wanted.numpy())
+        np.testing.assert_array_equal(rank["table"], expected.table.numpy())  # sent, though no state dict holds it
+    assert [int(rank["reads"]) for rank in ranks] == [1, 0]
+    assert [bool(rank["on_meta"]) for rank in ranks] == [False, True]  # rank 1 never held the whole network
+
+
+@pytest.mark.slow
+def test_init_from_weights_of_another_network_under_fsdp_stops_every_rank_said_once_instead_of_hanging(tmp_path):
+    unrelated = tmp_path / "unrelated.pt"
+    torch.save({"encoder.weight": torch.ones(2, 2)}, unrelated)
+
+    ranks = init_from_on_two_fsdp_ranks(tmp_path, unrelated)
+
+    said = "none of its 1 tensors fits build_model()'s names and shapes"
+    assert said in str(ranks[0]["error"]) and str(ranks[0]["error"]).endswith("(shown: True)")
+    assert said in str(ranks[1]["error"]) and str(ranks[1]["error"]).endswith("(shown: False)")
+    assert [int(rank["reads"]) for rank in ranks] == [1, 0]

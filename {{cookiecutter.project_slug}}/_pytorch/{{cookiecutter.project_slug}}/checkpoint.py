@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from . import distributed, fsdp
+from . import distributed, fsdp, save_folders
 from .errors import UserError
 from .state import CheckpointerBase
 
@@ -65,6 +65,10 @@ class Checkpointer(CheckpointerBase):
         return self._sharded
 
     @property
+    def _saves_in_background(self) -> bool:
+        return self._sharded
+
+    @property
     def last_path(self) -> Path:
         return self.directory / (_SHARDED[LAST] if self._sharded else LAST)
 
@@ -88,7 +92,7 @@ class Checkpointer(CheckpointerBase):
         """Every rank its shards, into a new folder; rank 0 then training.pt and the switch of the links. In the
         background (--save-async): the shards are copied now, and written while training goes on."""
         self.wait_for_save()  # one save at a time
-        folder = self.directory / distributed.share_from_main(f"save-{time.time_ns()}", "rank 0's name of the save")
+        folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
         model, optimizer = get_state_dict(self.model, self.optimizer)
         shards = {"model": model, "optimizer": optimizer}
         rest = {"scheduler": self.scheduler.state_dict(), "scaler": self._scaler_state(), **training}
@@ -128,9 +132,9 @@ class Checkpointer(CheckpointerBase):
         if self.env.is_main:
             _atomic_save(rest, folder / _TRAINING)
             if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
-                _point(self.directory / _SHARDED[BEST], folder)
-            _point(self.directory / _SHARDED[LAST], folder)
-            _remove_unlinked_saves(self.directory)
+                save_folders.point(self.directory / _SHARDED[BEST], folder)
+            save_folders.point(self.directory / _SHARDED[LAST], folder)
+            save_folders.remove_unlinked(self.directory)
 
     def _wait_for_save(self) -> None:
         if self._saving is not None:
@@ -147,9 +151,15 @@ class Checkpointer(CheckpointerBase):
 
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)
-        fitting = self._fitting(model.state_dict(), read_weights(path)[0], path)
-        options = StateDictOptions(full_state_dict=True, strict=False)  # a sharded model keeps its part
-        set_model_state_dict(model, fitting, options=options)
+
+        def fitting() -> dict:
+            return self._fitting(model.state_dict(), read_weights(path)[0], path)
+
+        # A sharded model: rank 0 alone reads the file (a folder too, whole) and sends each rank its shards of it,
+        # as it sent the built network's (engine.whole_on_rank0_only()); an unsharded one: every rank reads it.
+        weights = _on_rank0_only(fitting, self.env) if self._sharded else fitting()
+        options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=self._sharded)
+        set_model_state_dict(model, weights, options=options)
 
     def _read(self, how: str) -> tuple[Path, dict] | None:
         """The checkpoint `how` names, loaded into the model, optimizer, scheduler and scaler; None: start afresh."""
@@ -244,6 +254,21 @@ class Checkpointer(CheckpointerBase):
             torch.cuda.set_rng_state(state["cuda"], self.env.device)
 
 
+def _on_rank0_only(read, env) -> dict:
+    """`read()` on rank 0, {} on the others; a UserError there (an unreadable file, weights of another network)
+    ends every rank, said by rank 0, instead of leaving the others waiting for its tensors."""
+    weights, problem = {}, None
+    if env.is_main:
+        try:
+            weights = read()
+        except UserError as error:
+            problem = str(error)
+    problem = distributed.share_from_main(problem, "rank 0's reading of --init-from")
+    if problem:
+        raise UserError(problem, shown=env.is_main)
+    return weights
+
+
 def _load_checkpoint(path: Path, keys: tuple[str, ...] = STATE_KEYS) -> dict:
     try:
         # weights_only: a checkpoint can hold tensors and plain data, never code. Onto the CPU: each piece goes
@@ -297,11 +322,7 @@ def _keyed_by_name(state: dict, optimizer: torch.optim.Optimizer, model: torch.n
 
 def newest(directory: Path, name: str) -> Path | None:
     """The newer complete save of `name` (LAST, BEST) in `directory`: the file, or the sharded folder; None."""
-    saves = [path for path in (directory / name, directory / _SHARDED[name] / _TRAINING) if path.is_file()]
-    if not saves:
-        return None
-    path = max(saves, key=lambda save: save.stat().st_mtime)
-    return path.parent if path.name == _TRAINING else path
+    return save_folders.newest(directory / name, directory / _SHARDED[name], _TRAINING)
 
 
 def read_weights(checkpoint: Path) -> tuple[dict, dict]:
@@ -347,25 +368,6 @@ def _sharded_weights(folder: Path) -> dict:
         warnings.simplefilter("ignore", UserWarning)
         dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
     return weights
-
-
-def _point(link: Path, folder: Path) -> None:
-    """Point `link` at `folder` in one step: a new link, os.replace()d over the old one. A real folder in its
-    place (a copy that followed the link: cp -L, rsync -L) becomes a save like the others."""
-    if link.is_dir() and not link.is_symlink():
-        link.rename(link.with_name(f"save-{time.time_ns()}"))
-    temporary = link.with_name(f".{link.name}.tmp")
-    temporary.unlink(missing_ok=True)
-    temporary.symlink_to(folder.name)
-    os.replace(temporary, link)
-
-
-def _remove_unlinked_saves(directory: Path) -> None:
-    """Sharded saves neither link points at: older ones, and any a crash left incomplete."""
-    kept = {(directory / link).resolve() for link in _SHARDED.values()}
-    for folder in directory.glob("save-*"):
-        if folder.resolve() not in kept:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _atomic_save(state: dict, path: Path) -> None:

@@ -209,7 +209,7 @@ def wrap_model(
     run on channels-last inputs), on several ranks in DistributedDataParallel (`strategy` ddp) or sharded by
     FSDP2 (fsdp, hsdp: fsdp.py), then torch.compile()d with --compile (the order PyTorch documents).
     unwrap() gives the model back without DDP's and compile's wrappers (FSDP's shards stay)."""
-    sharded = env.world_size > 1 and strategy in ("fsdp", "hsdp")
+    sharded = fsdp.shards(strategy, env.world_size)
     if strategy != "ddp" and not sharded:
         _log.info("--strategy %s on one process: the model is trained whole", strategy)
     # A sharded model goes to the device unit by unit, as fully_shard() shards it: never whole on one GPU.
@@ -228,9 +228,10 @@ def wrap_model(
     return torch.compile(model) if compile else model
 
 
-def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer as the training loop uses it: DDP needs no wrapper (Paddle's fleet does)."""
-    return optimizer
+def wrap_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, strategy: str = "ddp"):
+    """(model, optimizer, scaler) as the training loop uses them: PyTorch's work as wrap_model() left the model,
+    under every strategy (Paddle's sharding wraps them here)."""
+    return model, optimizer, scaler
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

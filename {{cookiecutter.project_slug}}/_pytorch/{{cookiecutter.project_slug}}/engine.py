@@ -209,6 +209,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def whole_on_rank0_only(env: DistEnv, strategy: str, init_from: str | None):
+    """Where build_model() makes the network's tensors: under --strategy fsdp or hsdp with --init-from, on the meta
+    device (shapes, no memory) on every rank but 0, and fsdp.shard() sends them their shards of rank 0's weights; so
+    only rank 0 ever holds the whole model, and only rank 0 reads the file. Elsewhere every rank makes it whole."""
+    on_meta = init_from is not None and fsdp.shards(strategy, env.world_size) and not env.is_main
+    return torch.device("meta") if on_meta else contextlib.nullcontext()
+
+
 def cosine_schedule(optimizer, epochs: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Cosine decay from the optimizer's learning rate towards 0 over `epochs`, stepped once per epoch.
 

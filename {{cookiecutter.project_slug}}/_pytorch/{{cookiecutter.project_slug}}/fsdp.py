@@ -8,8 +8,10 @@ same units' activations in the backward pass instead of keeping them (any strate
 """
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable import checkpoint
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -19,19 +21,51 @@ from .errors import UserError
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def shards(strategy: str, world_size: int) -> bool:
+    """Whether the model is sharded: --strategy fsdp or hsdp, on more than one process."""
+    return world_size > 1 and strategy in ("fsdp", "hsdp")
+
+
 def shard(model: nn.Module, device_type: str, world_size: int, machines: int, amp_dtype: str | None) -> nn.Module:
     """`model` sharded over the job's ranks (machines 1: fsdp), or within each machine and replicated across the
     `machines` (hsdp: a shard's all-gathers stay on the machine's fast links). Its parameters compute in the
-    run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32."""
+    run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32.
+    Ranks that made `model` on the meta device (engine.whole_on_rank0_only()) get their shards of rank 0's."""
     if machines > 1:
         mesh = init_device_mesh(device_type, (machines, world_size // machines), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device_type, (world_size,))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(amp_dtype), reduce_dtype=torch.float32)
+    from_rank0 = any(_every_rank(_on_meta(model)))  # rank 0, which sends, must know too: one small collective
+    whole = model.state_dict() if from_rank0 and dist.get_rank() == 0 else {}  # kept until the shards are sent
     for unit in units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    if from_rank0:
+        _fill_from_rank0(model, whole, device_type)
     return model
+
+
+def _fill_from_rank0(model: FSDPModule, whole: dict, device_type: str) -> None:
+    """Give a meta-device rank's shards memory on the device, then every rank its shards of rank 0's `whole` state
+    dict, and rank 0's buffers that no state dict holds (persistent=False: a table, a constant from the data)."""
+    if _on_meta(model):
+        model.to_empty(device=device_type)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    saved = model.state_dict()
+    for name, buffer in model.named_buffers():
+        if name not in saved:
+            dist.broadcast(buffer, src=0)
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(parameter.is_meta for parameter in model.parameters())
+
+
+def _every_rank(value) -> list:
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def checkpoint_activations(model: nn.Module) -> None:

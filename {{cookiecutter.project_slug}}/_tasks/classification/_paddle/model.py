@@ -15,8 +15,9 @@ from paddle import nn
 _TORCH_INIT = nn.initializer.KaimingUniform(negative_slope=math.sqrt(5), nonlinearity="leaky_relu")
 
 
-def build_model(num_classes: int, channels: int = 3) -> nn.Layer:
-    """A small CNN for images of any size; `channels` comes from the data (--channels) when you keep the parameter."""
+def build_model(num_classes: int, channels: int = 3, width: int = 128) -> nn.Layer:
+    """A small CNN for images of any size; `channels` comes from the data (--channels) when you keep the parameter,
+    `width` (the hidden layer's features) from --model-option width=N (4096: 4 million parameters)."""
     return nn.Sequential(
         nn.Conv2D(channels, 32, kernel_size=3, padding=1, weight_attr=_TORCH_INIT),
         nn.ReLU(),
@@ -25,9 +26,9 @@ def build_model(num_classes: int, channels: int = 3) -> nn.Layer:
         nn.ReLU(),
         nn.AdaptiveAvgPool2D(4),
         nn.Flatten(),
-        nn.Linear(64 * 4 * 4, 128, weight_attr=_TORCH_INIT),
+        nn.Linear(64 * 4 * 4, width, weight_attr=_TORCH_INIT),
         nn.ReLU(),
-        nn.Linear(128, num_classes, weight_attr=_TORCH_INIT),
+        nn.Linear(width, num_classes, weight_attr=_TORCH_INIT),
     )
 
 

@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 
-def build_model(num_classes: int, channels: int = 3) -> nn.Module:
-    """A small CNN for images of any size; `channels` comes from the data (--channels) when you keep the parameter."""
+def build_model(num_classes: int, channels: int = 3, width: int = 128) -> nn.Module:
+    """A small CNN for images of any size; `channels` comes from the data (--channels) when you keep the parameter,
+    `width` (the hidden layer's features) from --model-option width=N: 4096 makes it big enough (4 million
+    parameters) to see --strategy fsdp shrink what each process holds."""
     return nn.Sequential(
         nn.Conv2d(channels, 32, kernel_size=3, padding=1),
         nn.ReLU(),
@@ -19,9 +21,9 @@ def build_model(num_classes: int, channels: int = 3) -> nn.Module:
         nn.ReLU(),
         nn.AdaptiveAvgPool2d(4),
         nn.Flatten(),
-        nn.Linear(64 * 4 * 4, 128),
+        nn.Linear(64 * 4 * 4, width),
         nn.ReLU(),
-        nn.Linear(128, num_classes),
+        nn.Linear(width, num_classes),
     )
 
 

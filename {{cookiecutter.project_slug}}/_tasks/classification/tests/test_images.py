@@ -1,5 +1,6 @@
 """Framework-free image data: junk is never an image, CSV labels, the held-out split, image shapes, bad files."""
 
+import math
 import traceback
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from {{ cookiecutter.project_slug }} import cli, images
+from {{ cookiecutter.project_slug }} import cli, images, seam
 from {{ cookiecutter.project_slug }}.errors import UserError
 
 
@@ -297,3 +298,18 @@ def test_data_flags_reach_args(tmp_path):
 
     assert (args.labels_csv, args.val_fraction, args.image_size, args.channels) == ("train.csv", 0.2, 32, 1)
     assert cli.parse_args([]).val_fraction == 0.1
+
+
+def test_model_option_width_widens_the_samples_hidden_layer_to_millions_of_parameters():
+    from {{ cookiecutter.project_slug }}.model import build_model
+
+    args = cli.parse_args(["--model-option", "width=4096"])
+    description = seam.data_description(object(), 10, seam.chosen_options(build_model, args.model_option))
+    wide = build_model(10, **seam.model_options(build_model, description))
+
+    def parameters(model) -> int:
+        return sum(math.prod(parameter.shape) for parameter in model.parameters())
+
+    features = 64 * 4 * 4  # what the hidden layer reads: 64 channels pooled to 4 x 4
+    assert parameters(wide) - parameters(build_model(10)) == (4096 - 128) * (features + 1 + 10)
+    assert parameters(wide) > 4_000_000
