@@ -158,19 +158,20 @@ def _numpy(value) -> np.ndarray:
 def training_memory(model, optimizer) -> tuple[int, int]:
     """The model's parameters, and the bytes this process holds for them: its parameters, their gradients and
     the optimizer's state (as many tensors per parameter as this optimizer keeps: 1 for Momentum, 2 for Adam;
-    counted on a small parameter of its own, as its state is made at the first step)."""
-    parameters = list(model.parameters())
-    local = sum(parameter.numel().item() * parameter.element_size() for parameter in parameters)
-    return sum(parameter.numel().item() for parameter in parameters), local * (2 + _state_per_parameter(optimizer))
+    counted on a small parameter of its own, as its state is made at the first step) for the parameters whose
+    state it keeps (under sharding: its part)."""
+    parameters, own = list(model.parameters()), sharding.innermost(optimizer)
+    size = lambda tensors: sum(tensor.numel().item() * tensor.element_size() for tensor in tensors)  # noqa: E731
+    held = 2 * size(parameters) + size(own._parameter_list) * _state_per_parameter(own)
+    return sum(parameter.numel().item() for parameter in parameters), held
 
 
 def _state_per_parameter(optimizer) -> int:
-    """The tensors of a parameter's size the optimizer keeps, tried on a probe of its own (fleetrun's wrapper:
-    on the optimizer inside; 0 for one that cannot be tried so: the log line is an estimate, never a reason
-    to stop)."""
+    """The tensors of a parameter's size the optimizer keeps, tried on a probe of its own (0 for one that cannot
+    be tried so: the log line is an estimate, never a reason to stop)."""
     try:
         probe = paddle.create_parameter([3, 5], "float32")
-        trial = type(getattr(optimizer, "_inner_opt", optimizer))(parameters=[probe])
+        trial = type(optimizer)(parameters=[probe])
         (probe * probe).sum().backward()
         trial.step()
     except Exception:

@@ -57,6 +57,13 @@ def gather_parameters(model) -> None:
         model.get_all_parameters()
 
 
+def innermost(optimizer) -> paddle.optimizer.Optimizer:
+    """The user's optimizer inside fleet's wrappers; its parameter list is this rank's part under stage 1."""
+    while hasattr(optimizer, "_inner_opt"):
+        optimizer = optimizer._inner_opt
+    return optimizer
+
+
 def holds_part(optimizer) -> bool:
     """Whether this rank's optimizer state is its part only (each rank then saves its own)."""
     return getattr(optimizer, "_sharding_enable", False) or type(optimizer).__name__.startswith("GroupSharded")
@@ -67,7 +74,7 @@ def clips_in_step(optimizer, max_norm: float) -> bool:
     it each rank holds its own, whose norm is not the global one); False for any other optimizer."""
     if not getattr(optimizer, "_sharding_enable", False):
         return False
-    inner = optimizer._inner_opt._inner_opt  # fleet's wrapper, its sharding optimizer, then the user's
+    inner = innermost(optimizer)
     if inner._grad_clip is None:
         clip = paddle.nn.ClipGradByGlobalNorm(max_norm)
         inner._grad_clip = HybridParallelClipGrad(clip, fleet.get_hybrid_communicate_group(), False, None)
