@@ -45,10 +45,13 @@ def nodes_for(answers: dict) -> int:
     return 1 if answers["framework"] == "paddle" and answers["launcher"] == "spawn" else 2
 
 
-def sharded(answers: dict) -> bool:
-    """Whether a launch case's job trains with --strategy fsdp: every PyTorch one but the scancel test's
-    uninterrupted reference (its answers are a RECOMMENDED_CASES one), which trains as the cancelled job does."""
-    return answers["framework"] == "pytorch" and answers not in RECOMMENDED_CASES
+def sharding(answers: dict) -> tuple[str, ...]:
+    """The --strategy of a launch case's job: a sharded one (PyTorch's fsdp, the sharding of Paddle's basic loop)
+    for all but the scancel test's uninterrupted reference (its answers are a RECOMMENDED_CASES one), which
+    trains as the cancelled job does, and paddle.Model.fit(), which does not shard."""
+    if answers in RECOMMENDED_CASES or answers.get("paddle_api") == "highlevel":
+        return ()
+    return ("--strategy", "fsdp" if answers["framework"] == "pytorch" else "sharding")
 
 
 @dataclass
@@ -146,7 +149,7 @@ def jobs(cluster, cookies_session) -> dict:
     for answers in LAUNCH_CASES:
         nodes = nodes_for(answers)
         project = bake(nodes="multi" if nodes > 1 else "single", **answers)
-        args = (*ARGS, "--strategy", "fsdp") if sharded(answers) else tuple(ARGS)
+        args = (*ARGS, *sharding(answers))
         submitted[case_id(answers)] = Job(project, (f"--nodes={nodes}",), args, nproc=2).submit(cluster)
     yield submitted
     canceller.shutdown(wait=False, cancel_futures=True)
@@ -198,10 +201,10 @@ def test_sbatch_on_two_machines_trains_one_job_of_four_processes(cluster, jobs, 
         assert all(re.search(rf"\b{master}\b", line) for line in found), found
     else:
         assert all("machine 0 of 1" in line for line in found), found
-    if sharded(answers):  # what a user sees of fsdp: its line, and a folder of shards where ddp writes last.pt
-        assert "strategy fsdp: " in job.log(), job.log()
+    if sharding(answers):  # what a user sees of it: its line, and a folder of shards where ddp writes last.*
+        assert f"strategy {sharding(answers)[1]}" in job.log(), job.log()
         checkpoints = job.output / "checkpoints"
-        assert (checkpoints / "last").is_dir() and not (checkpoints / "last.pt").exists(), list(checkpoints.iterdir())
+        assert (checkpoints / "last").is_dir() and not list(checkpoints.glob("last.*")), list(checkpoints.iterdir())
 
 
 def test_a_job_that_reaches_its_time_limit_saves_requeues_itself_and_trains_every_epoch_once(cluster, jobs):
