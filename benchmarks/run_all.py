@@ -21,6 +21,7 @@ import bench_bake
 import bench_gpu
 import bench_loop
 import bench_predict
+import bench_scale
 import bench_training
 from common import TEMPLATE, bake, fmt, summary, tool_env
 
@@ -112,7 +113,7 @@ def write_chart(loop: dict, training: dict, path: Path) -> None:
 
 def write_results(
     path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, predict: dict,
-    gpu: dict | None, args, failed_runs: list[str],
+    scale: dict, gpu: dict | None, args, failed_runs: list[str],
 ) -> None:  # fmt: skip
     references = [f for f in training.values() if f["reference"]]
     drift = max(f["epoch_s"]["max"] / f["epoch_s"]["min"] for f in references)
@@ -124,7 +125,7 @@ def write_results(
         f"Python {info['python']}; " + ", ".join(f"{name} {v}" for name, v in info["versions"].items()) + ".",
         "",
         "Each figure is median [min, max] over repetitions; every ratio is against a plain reference measured in",
-        "the same run. Sections 1 to 6 and 8 ran on this machine's CPUs; section 7 comes from `bench_gpu.py`, run",
+        "the same run. Sections 1 to 6, 8 and 9 ran on this machine's CPUs; section 7 comes from `bench_gpu.py`, run",
         "where a GPU is.",
         "",
         "## 1. Training parity (2 processes, CPU)",
@@ -260,6 +261,7 @@ def write_results(
         "",
         *bench_gpu.section(gpu),
         *bench_predict.section(predict),
+        *bench_scale.section(scale),
     ]
     path.write_text("\n".join(lines))
 
@@ -295,6 +297,7 @@ def main() -> None:
     predict = stage(
         "predict", lambda: bench_predict.measure(args.work, args.repeats, 10_000 if args.quick else 100_000)
     )
+    scale = stage("scale", lambda: bench_scale.measure(args.work, max(args.repeats, 5)))
     raw = {
         "machine": info,
         "loop": loop,
@@ -303,6 +306,7 @@ def main() -> None:
         "baking": baking,
         "checkpoint": checkpoint,
         "predict": predict,
+        "scale": scale,
     }
     (HERE / "results.json").write_text(json.dumps(raw, indent=2))
     failed_runs = training.pop("failed_runs")
@@ -310,7 +314,7 @@ def main() -> None:
     gpu_results = HERE / "results-gpu.json"  # bench_gpu.py's, from a GPU machine: no GPU runs here
     gpu = json.loads(gpu_results.read_text()) if gpu_results.exists() else None
     write_results(
-        HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, gpu, args, failed_runs
+        HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, scale, gpu, args, failed_runs
     )
     print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'parity.png'}")
 
