@@ -530,35 +530,39 @@ def test_a_background_save_lets_training_go_on_and_the_next_save_waits_for_it(ba
     assert (output / "checkpoints" / "last" / "training.pt").is_file()
 
 
-def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_under_either_strategy(bake, tmp_path):
-    project = bake(framework="pytorch")
+SHARDED = {  # framework: its sharded strategy, its single-file checkpoint, the file export.py writes
+    "pytorch": ("fsdp", "last.pt", "model.pt"),
+    "paddle": ("sharding", "last.pdparams", "model.pdparams"),
+}
+
+
+@pytest.mark.parametrize("framework", SHARDED)
+def test_a_sharded_strategy_trains_as_ddp_and_its_saves_resume_evaluate_predict_and_export_under_either_strategy(
+    bake, tmp_path, framework
+):
+    project = bake(framework=framework)
+    strategy, single_file, exported_file = SHARDED[framework]
     # Batches of 50: 8 validation batches, which 3 processes cannot share evenly (3, 3, 2 passes of a sharded model).
     args = ["--batch-size", "50", "--output-dir"]
     train(project, "--epochs", "2", *args, str(tmp_path / "ddp"))
-    train(project, "--epochs", "2", "--strategy", "fsdp", *args, str(tmp_path / "fsdp"))
-    output = tmp_path / "fsdp"
+    train(project, "--epochs", "2", "--strategy", strategy, *args, str(tmp_path / strategy))
+    output = tmp_path / strategy
     checkpoints = output / "checkpoints"
 
     results = ("train_loss", "val_loss", "val_acc", "train_samples", "val_samples")
-    for ddp, fsdp in zip(read_metrics(tmp_path / "ddp"), read_metrics(output), strict=True):
-        assert [fsdp[key] for key in results] == pytest.approx([ddp[key] for key in results], rel=1e-5)
+    for ddp, sharded in zip(read_metrics(tmp_path / "ddp"), read_metrics(output), strict=True):
+        assert [sharded[key] for key in results] == pytest.approx([ddp[key] for key in results], rel=1e-5)
     assert {path.name for path in checkpoints.iterdir() if not path.name.startswith("save-")} == {"last", "best"}
     assert (checkpoints / "last").is_symlink() and len(list(checkpoints.glob("save-*"))) == 1  # older saves removed
-    assert "checkpoint: " + str(checkpoints.resolve() / "last") in (output / "train.log").read_text(encoding="utf-8")
-    held = {  # the GB of parameters + gradients + optimizer state per process: half of DDP's, in shards
-        strategy: float(
-            (tmp_path / strategy / "train.log").read_text(encoding="utf-8").split(" GB of parameters")[0].split()[-1]
-        )
-        for strategy in ("ddp", "fsdp")
-    }
-    assert held["fsdp"] < held["ddp"]
+    log = (output / "train.log").read_text(encoding="utf-8")
+    assert f"strategy {strategy}" in log and "checkpoint: " + str(checkpoints.resolve() / "last") in log
 
-    # The shards of 2 processes, resumed by 1 under DDP (a last.pt then), then by 3 under FSDP again.
+    # The shards of 2 processes, resumed by 1 under DDP (a single file then), then by 3 sharded again.
     train(project, "--epochs", "3", *args, str(output), nproc=1)
-    train(project, "--epochs", "4", "--strategy", "fsdp", *args, str(output), nproc=3)
+    train(project, "--epochs", "4", "--strategy", strategy, *args, str(output), nproc=3)
     log = (output / "train.log").read_text(encoding="utf-8")
     assert f"resumed from {checkpoints / 'last'} (epoch 2)" in log
-    assert f"resumed from {checkpoints / 'last.pt'} (epoch 3)" in log
+    assert f"resumed from {checkpoints / single_file} (epoch 3)" in log
     metrics = read_metrics(output)
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4] and [m["world_size"] for m in metrics] == [2, 2, 1, 3]
     assert all(m["val_samples"] == VAL_SIZE for m in metrics)
@@ -567,65 +571,47 @@ def test_fsdp_trains_as_ddp_and_its_sharded_saves_resume_predict_and_export_unde
     train(project, "--evaluate", "--resume", str(checkpoints / "last"), *args, str(output), nproc=3)
     evaluated = json.loads((output / "eval.json").read_text(encoding="utf-8"))
     assert evaluated["val_acc"] == pytest.approx(metrics[-1]["val_acc"], abs=1e-6)
-    started = train(project, "--epochs", "1", "--strategy", "fsdp", "--init-from", str(checkpoints / "best"),
+    started = train(project, "--epochs", "1", "--strategy", strategy, "--init-from", str(checkpoints / "best"),
                     *args, str(tmp_path / "init")).stdout  # fmt: skip
     assert "of the model's 8 tensors" in started.split("initialised from")[1].splitlines()[0]
 
     # predict.py reads the sharded best as it is, and export.py makes one plain file that predicts the same.
     run_in = lambda *command: run(["python", *command], project)  # noqa: E731
-    exported = run_in("export.py", str(checkpoints / "best"), str(tmp_path / "model.pt"))
+    exported = run_in("export.py", str(checkpoints / "best"), str(tmp_path / exported_file))
     assert exported.returncode == 0, exported.stderr
-    for checkpoint, written in ((checkpoints / "best", "folder.csv"), (tmp_path / "model.pt", "file.csv")):
+    for checkpoint, written in ((checkpoints / "best", "folder.csv"), (tmp_path / exported_file, "file.csv")):
         predicted = run_in("predict.py", "--checkpoint", str(checkpoint), "--input", "data/digits.zip",
                            "--output", str(tmp_path / written))  # fmt: skip
         assert predicted.returncode == 0, predicted.stderr
     assert (tmp_path / "folder.csv").read_text() == (tmp_path / "file.csv").read_text()
-    keys = run_in("-c", f"import torch; print(sorted(torch.load({str(tmp_path / 'model.pt')!r}, weights_only=True)))")
+
+
+def test_fsdp_holds_less_per_process_than_ddp_and_exports_the_plain_state_dict_torch_loads(bake, tmp_path):
+    project = bake(framework="pytorch")
+    held = {}  # the GB of parameters + gradients + optimizer state per process: half of DDP's, in shards
+    for strategy in ("ddp", "fsdp"):
+        started = train(project, "--epochs", "1", "--strategy", strategy, "--model-option", "width=4096",
+                        "--output-dir", str(tmp_path / strategy)).stdout  # fmt: skip
+        held[strategy] = float(started.split(" GB of parameters")[0].split()[-1])
+    assert held["fsdp"] == pytest.approx(held["ddp"] / 2, abs=0.001)
+
+    exported = run(["python", "export.py", str(tmp_path / "fsdp" / "checkpoints" / "best"), str(tmp_path / "m.pt")],
+                   project)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    keys = run(["python", "-c", f"import torch; print(sorted(torch.load({str(tmp_path / 'm.pt')!r}, weights_only=True)))"],
+               project)  # fmt: skip
     assert keys.stdout.split() == ["['data',", "'model']"]
 
 
-def test_paddle_sharding_trains_as_data_parallel_and_its_saves_resume_predict_and_export_under_either_strategy(
-    bake, tmp_path
-):
+def test_sharding_stages_2_and_3_on_cpus_and_sharding_with_paddle_model_are_refused_in_one_line(bake, tmp_path):
     project = bake(framework="paddle", paddle_api="basic")
-    args = ["--batch-size", "50", "--output-dir"]
-    train(project, "--epochs", "2", *args, str(tmp_path / "ddp"))
-    train(project, "--epochs", "2", "--strategy", "sharding", *args, str(tmp_path / "sharding"))
-    output = tmp_path / "sharding"
-    checkpoints = output / "checkpoints"
-
-    results = ("train_loss", "val_loss", "val_acc", "train_samples", "val_samples")
-    for ddp, sharded in zip(read_metrics(tmp_path / "ddp"), read_metrics(output), strict=True):
-        assert [sharded[key] for key in results] == pytest.approx([ddp[key] for key in results], rel=1e-5)
-    assert {path.name for path in checkpoints.iterdir() if not path.name.startswith("save-")} == {"last", "best"}
-    assert {path.name for path in (checkpoints / "last").iterdir()} >= {"optimizer-0.pdopt", "optimizer-1.pdopt"}
-    assert "strategy sharding stage 1: " in (output / "train.log").read_text(encoding="utf-8")
-
-    # The parts of 2 processes, resumed by 1 in data parallel (files then), then by 3 sharding again.
-    train(project, "--epochs", "3", *args, str(output), nproc=1)
-    train(project, "--epochs", "4", "--strategy", "sharding", *args, str(output), nproc=3)
-    log = (output / "train.log").read_text(encoding="utf-8")
-    assert f"resumed from {checkpoints / 'last'} (epoch 2)" in log
-    assert f"resumed from {checkpoints / 'last.pdparams'} (epoch 3)" in log
-    metrics = read_metrics(output)
-    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4] and [m["world_size"] for m in metrics] == [2, 2, 1, 3]
-
-    # predict.py reads the sharded best as it is, and export.py makes one file that predicts the same.
-    run_in = lambda *command: run(["python", *command], project)  # noqa: E731
-    exported = run_in("export.py", str(checkpoints / "best"), str(tmp_path / "model.pdparams"))
-    assert exported.returncode == 0, exported.stderr
-    for checkpoint, written in ((checkpoints / "best", "folder.csv"), (tmp_path / "model.pdparams", "file.csv")):
-        predicted = run_in("predict.py", "--checkpoint", str(checkpoint), "--input", "data/digits.zip",
-                           "--output", str(tmp_path / written))  # fmt: skip
-        assert predicted.returncode == 0, predicted.stderr
-    assert (tmp_path / "folder.csv").read_text() == (tmp_path / "file.csv").read_text()
-
-    # Stages 2 and 3 on CPUs, and sharding with paddle.Model: one line each, nothing trained.
     refused = run(["bash", "run.sh", "--strategy", "sharding", "--sharding-stage", "2", "--output-dir",
                    str(tmp_path / "stage2")], project, timeout=120, NPROC_PER_NODE="2")  # fmt: skip
     # (paddle's launcher shows rank 0's output, its error line, on stdout, and says on stderr that it failed.)
     assert refused.returncode == 1, refused.stdout
     assert "error: --sharding-stage 2: paddle shards gradients and parameters on GPUs only" in refused.stdout
+    assert not (tmp_path / "stage2" / "checkpoints").exists()
+
     highlevel = bake(framework="paddle", paddle_api="highlevel")
     refused = run(["python", "run.py", "--strategy", "sharding", "--output-dir", str(tmp_path / "fit")], highlevel)
     assert refused.returncode == 1 and refused.stderr.splitlines() == [
