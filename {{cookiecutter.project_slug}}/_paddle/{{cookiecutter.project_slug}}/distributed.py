@@ -296,6 +296,8 @@ def wrap_model(
     """
     _say_pytorch_only(compile, channels_last, activation_checkpointing)
     sharding.check_device(strategy, env.on_gpu)
+    if env.world_size == 1 and strategy != "ddp":
+        _log.info("--strategy %s on one process: nothing to shard, the model trains whole", strategy)
     if env.world_size == 1 or sharding.stage_of(strategy) > 1:
         return model
     if not _uses_fleet(strategy):
