@@ -12,6 +12,7 @@ from house import house_problems
 
 SHARED_PACKAGE = {
     "settings",
+    "save_folders",
     "cli",
     "errors",
     "logs",
@@ -83,6 +84,7 @@ FRAMEWORK_TESTS = {
         "curves.py",
         "test_visualdl_records.py",
         "test_long_waits.py",
+        "test_sharded_checkpoint.py",
     },
 }
 ROOT_FILES = {
@@ -129,6 +131,8 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
             files.add("tests/test_launcher.py")  # the job's status that paddle's launcher gets wrong
     if answers["framework"] == "pytorch":
         files.add(f"{slug}/fsdp.py")  # FSDP2: --strategy fsdp, hsdp
+    else:
+        files.add(f"{slug}/sharding.py")  # --strategy sharding
     if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":
         files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}

@@ -125,7 +125,7 @@ def wide_cnn(num_classes, channels=3, width=128):
 
 def test_model_options_of_the_command_line_go_over_the_datas_and_the_checkpoint_keeps_them_for_predicting():
     options = seam.chosen_options(wide_cnn, [("width", 4096), ("channels", 1), ("width", 512)])  # the last one wins
-    images = type("Images", (), {"description": {"channels": 3}})()
+    images = type("Images", (), {"description": dict(channels=3)})()
     saved = json.loads(json.dumps(seam.data_description(images, 2, options)))  # plain values, as a checkpoint holds
 
     assert wide_cnn(2, **seam.model_options(wide_cnn, saved)) == (2, 1, 512)
