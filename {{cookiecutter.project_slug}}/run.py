@@ -6,10 +6,10 @@ NPROC_PER_NODE=2 bash run.sh ...    several processes, with the chosen launcher
 The job itself, step by step, is {{ cookiecutter.project_slug }}/training.py.
 """
 
-from {{ cookiecutter.project_slug }} import cli, distributed, modelarts
+from {{ cookiecutter.project_slug }} import cli, distributed, modelarts, preflight
 from {{ cookiecutter.project_slug }}.training import train
 
 if __name__ == "__main__":
     args = cli.parse_args()
     modelarts.start_this_machine(args)  # ModelArts: `python run.py --init_method ...` runs this machine's part
-    distributed.launch(train, args)
+    distributed.launch(preflight.check if args.check else train, args)

@@ -37,6 +37,9 @@ found=""
 layout=$("$PYTHON" -m {{ cookiecutter.project_slug }}.platforms "$@") || exit
 eval "$layout"
 echo "$found"
+if [[ -n ${checked:-} ]]; then
+  echo "$checked"
+fi
 {%- if cookiecutter.nodes == "multi" %}
 {%- if cookiecutter.launcher != "spawn" %}
 JOIN_TIMEOUT=${JOIN_TIMEOUT:-900}
@@ -45,6 +48,8 @@ JOIN_TIMEOUT=${JOIN_TIMEOUT:-900}
 if ((NNODES > 1)) && [[ ${NODE_RANK:-} == 0 ]] && (: <"/dev/tcp/$MASTER_ADDR/$MASTER_PORT") 2>/dev/null; then
   echo "error: MASTER_PORT $MASTER_PORT on $MASTER_ADDR is in use: pick a free one, the same on every machine" >&2
   exit 1
+elif ((NNODES > 1)) && [[ ${NODE_RANK:-} == 0 && -n ${checked:-} ]]; then
+  echo "check port: $MASTER_PORT is free on this machine, the master"
 fi
 {%- endif %}
 # From here on the layout is run.sh's alone. What a platform set would override it: paddle's launcher prefers

@@ -164,10 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="side in pixels images are resized to (default: IMAGE_SIZE in data.py, 16 for the sample digits)",
     )
     parser.add_argument(
-        "--channels",
-        type=int,
-        choices=(1, 3),
-        help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)",
+        "--channels", type=int, choices=(1, 3), help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)"
     )
     parser.add_argument(
         "--target", default="target", metavar="NAME", help="regression: the CSV column to learn (default: target)"
@@ -277,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_seconds,
         default=3600.0,
         help="seconds to wait for another process (or machine, on a shared filesystem) that is extracting the archive",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="train nothing: check that this job can start, on every machine (README)"
     )
     add_process_flags(parser)
     # What ModelArts passes to the boot file (modelarts.py, README.md).

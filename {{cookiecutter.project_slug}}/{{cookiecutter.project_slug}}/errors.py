@@ -7,6 +7,8 @@ import sys
 # 128 + SIGTERM, as a process killed by it: a run stopped by SIGTERM did not finish, and schedulers
 # (a Kubernetes Job, a SLURM requeue) must not count it as done.
 STOPPED_STATUS = 143
+# `run.sh --check` found problems, each already said in its own `error:` line: the launcher adds none.
+CHECK_FAILED_STATUS = 3
 
 
 def more_processes_than_gpus(processes: int, gpus: int) -> str:

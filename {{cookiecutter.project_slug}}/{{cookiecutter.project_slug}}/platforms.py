@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import cli, folder_lock, hardware
+from . import cli, folder_lock, hardware, machine_checks
 from .errors import PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -333,6 +333,26 @@ def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
     )
 
 
+def check_network(layout: Layout, master_ip: str, device: str, gpus: int) -> list[str]:
+    """run.sh --check, before the launcher: the master resolves, its port answers (machine 0: run.sh checks that
+    it is free), and the interface that reaches it. The `check` lines; a PlatformError for a problem."""
+    lines = [f"check master: {layout.master_addr} is {master_ip}"]
+    # Machine 0 hosts the port itself (a PaddleJob numbers its machines later: the one holding the master's address).
+    hosts_master = layout.node_rank == 0 or (layout.node_rank is None and machine_checks.interface_of(master_ip))
+    if not hosts_master:
+        if not machine_checks.wait_for_port(master_ip, layout.master_port):
+            raise PlatformError(
+                f"nothing answers on the master's port {master_ip}:{layout.master_port} within "
+                f"{machine_checks.WAIT_S:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
+                "check that its firewall lets the port in"
+            )
+        lines.append(f"check port: {master_ip}:{layout.master_port} answers")
+    on_gpu = device != "cpu" and gpus > 0
+    said, variable = machine_checks.interface_advice(master_ip, layout.master_port, on_gpu)
+    lines.append(f"check interface: {said}" + (f": export {variable} on this machine" if variable else ""))
+    return lines
+
+
 # ----------------------------------------------------------------------------- run.sh's question
 
 
@@ -355,9 +375,13 @@ def main(argv: list[str]) -> None:
         # there; the others share the folder with it.
         if script != "predict.py" and layout.node_rank == 0 and (busy := folder_lock.in_use(output_dir)):
             raise PlatformError(busy)
+        check = script != "predict.py" and args.check
+        # --check: every wait ends within a minute, so that each problem is said while the user watches.
+        wait_s = min(join_timeout(env), machine_checks.WAIT_S) if check else join_timeout(env)
         master_ip = layout.master_addr
         if layout.nnodes > 1:
-            master_ip = resolve(layout.master_addr, join_timeout(env))
+            master_ip = resolve(layout.master_addr, wait_s)
+        checked = check_network(layout, master_ip, args.device, gpus) if check and layout.nnodes > 1 else []
     except PlatformError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
@@ -369,7 +393,10 @@ def main(argv: list[str]) -> None:
         "MASTER_PORT": layout.master_port,
         "OUTPUT_DIR": output_dir,
         "found": describe(layout, master_ip, output_dir),
+        "checked": "\n".join(checked) or None,
     }
+    if check:
+        assignments["JOIN_TIMEOUT"] = f"{wait_s:g}"  # the launcher's wait for the other machines
     for name, value in assignments.items():
         print(f"unset {name}" if value is None else f"{name}={shlex.quote(str(value))}")
 

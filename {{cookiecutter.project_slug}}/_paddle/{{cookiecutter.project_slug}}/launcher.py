@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import STOPPED_STATUS
+from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
 # after a save on SIGTERM. (A worker that the kernel's OOM killer ends looks the same.)
@@ -25,6 +25,8 @@ _STOPPED_BY_THE_LAUNCHER = (STOPPED_STATUS, -signal.SIGTERM, -signal.SIGKILL)
 def main() -> None:
     # While the machines gather, paddle logs each poll of the master (two a second) at INFO level.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # A --check that found problems said each in its own line: paddle's "Container failed" report only repeats it.
+    logging.getLogger("LAUNCH").addFilter(lambda record: f" code {CHECK_FAILED_STATUS} " not in record.getMessage())
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
     if join_timeout > 0:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")

@@ -14,7 +14,7 @@ from torch.distributed import DistStoreError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from .errors import STOPPED_STATUS
+from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
 from .settings import LAUNCHER
 
 
@@ -37,8 +37,9 @@ def main() -> None:
         sys.exit(STOPPED_STATUS)
     except ChildFailedError as failure:
         rank, first = failure.get_first_failure()
-        if first.exitcode == STOPPED_STATUS:  # the workers were signalled themselves (SLURM signals every process)
-            sys.exit(STOPPED_STATUS)
+        # The workers were signalled themselves (SLURM signals every process), or said each problem of a --check.
+        if first.exitcode in (STOPPED_STATUS, CHECK_FAILED_STATUS):
+            sys.exit(first.exitcode)
         how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
     except DistStoreError as error:

@@ -1,0 +1,147 @@
+"""What `bash run.sh --check` asks of one machine, with the standard library only.
+
+platforms.py asks the network questions before the launcher starts (the master's port, the interface that
+reaches it); preflight.py asks the rest in every machine's first process and compares the answers. Each
+function answers for the paths and numbers it is given, so a test can hand it others.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import socket
+import struct
+import time
+from pathlib import Path
+
+from .workspace import ARCHIVE_SUFFIXES
+
+# Every wait of a check ends within this, so that each problem is one line within a minute of the last start.
+WAIT_S = 40.0
+MiB = 1 << 20
+# What each loader worker process may hold in /dev/shm at once: its prefetched batches (2 by default; an image
+# batch of 64 x 3 x 224 x 224 in float32 is 38 MiB). A container's default /dev/shm is 64 MiB.
+SHM_PER_WORKER = 128 * MiB
+
+
+def wait_for_port(host: str, port: int, wait_s: float = WAIT_S) -> bool:
+    """True once something accepts connections on host:port (machine 0's launcher, started later, may not yet)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError):
+            with socket.create_connection((host, port), timeout=2.0):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
+
+
+def route_to(master_ip: str, port: int) -> str:
+    """This machine's address on the way to the master: the kernel's routing choice (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_ip, port))
+        return probe.getsockname()[0]
+
+
+def ipv4_of(interface: str) -> str | None:
+    """The IPv4 address of a network interface (eth0, ib0, lo, ...); None where it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as query:
+        try:
+            # SIOCGIFADDR: the interface's address, in a struct ifreq
+            answer = fcntl.ioctl(query.fileno(), 0x8915, struct.pack("256s", interface.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds `address`; None where none does."""
+    return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == address), None)
+
+
+def gloo_default_address() -> str | None:
+    """The address gloo takes when GLOO_SOCKET_IFNAME is unset: what this machine's host name resolves to."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
+def nccl_default_interface() -> str | None:
+    """The interface NCCL takes when NCCL_SOCKET_IFNAME is unset: InfiniBand first, then any but lo and docker*."""
+    names = sorted(name for _, name in socket.if_nameindex() if ipv4_of(name))
+    for chosen in (lambda name: name.startswith("ib"), lambda name: not name.startswith(("lo", "docker"))):
+        found = [name for name in names if chosen(name)]
+        if found:
+            return found[0]
+    return None
+
+
+def interface_advice(master_ip: str, port: int, on_gpu: bool, env=os.environ) -> tuple[str, str | None]:
+    """(the line saying which interface reaches the master, the variable to set where the backend's default
+    would take another one, or None)."""
+    address = route_to(master_ip, port)
+    interface = interface_of(address) or address
+    variable = "NCCL_SOCKET_IFNAME" if on_gpu else "GLOO_SOCKET_IFNAME"
+    line = f"{interface} ({address}) reaches the master {master_ip}"
+    if env.get(variable):
+        return f"{line}; {variable}={env[variable]} is set", None
+    default = nccl_default_interface() if on_gpu else interface_of(gloo_default_address() or "")
+    if default in (interface, None) or master_ip.startswith("127."):  # the loopback: every machine is this one
+        return f"{line}; {variable} unset, the default is the same", None
+    return f"{line}, but {variable} unset would take {default}", f"{variable}={interface}"
+
+
+def code_hash(root: Path, package: str) -> tuple[str, int]:
+    """A short hash of the project's code (run.sh, requirements.txt, the *.py files), and how many files it covers."""
+    files = [root / "run.sh", root / "requirements.txt", *root.glob("*.py"), *(root / package).rglob("*.py")]
+    digest = hashlib.sha256()
+    present = sorted(path for path in files if path.is_file())
+    for path in present:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12], len(present)
+
+
+def data_present(data_dir: str | None, archive: str | None) -> str | None:
+    """What of the data is here, in words; None where neither the folder nor an archive of it is."""
+    if archive:
+        path = Path(archive)
+        return f"the archive {path} ({path.stat().st_size / MiB:.1f} MiB)" if path.is_file() else None
+    folder = Path(data_dir)
+    if folder.is_dir() and any(folder.iterdir()):
+        return f"the folder {folder}"
+    # The project's sample: data/<SAMPLE>.zip beside its folder, extracted at the start.
+    beside = [folder.with_name(folder.name + suffix) for suffix in ARCHIVE_SUFFIXES]
+    return next((f"the archive {path}" for path in beside if path.is_file()), None)
+
+
+def write_probe(folder: Path) -> str | None:
+    """Why `folder` cannot be written (created where missing); None where a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".check-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+        return None
+    except OSError as error:
+        return error.strerror or str(error)
+
+
+def free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def checkpoint_bytes(checkpoints: Path) -> int:
+    """The size of the last save (last.pt, last.pdparams and last.pdopt, or a sharded save's folder); 0 before one."""
+    saved = list(checkpoints.glob("last*")) if checkpoints.is_dir() else []
+    files = [path for entry in saved for path in ([entry] if entry.is_file() else entry.rglob("*")) if path.is_file()]
+    return sum(path.stat().st_size for path in files)
+
+
+def shm_free(path: Path = Path("/dev/shm")) -> int | None:
+    """Free bytes of the shared memory that loader workers hand batches through; None where there is none."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
