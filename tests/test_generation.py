@@ -13,6 +13,8 @@ from house import house_problems
 SHARED_PACKAGE = {
     "settings",
     "save_folders",
+    "preflight",  # run.sh --check
+    "machine_checks",
     "cli",
     "errors",
     "logs",
@@ -41,9 +43,11 @@ FRAMEWORK_PACKAGE = {
     "loaders",
     "tracking",
     "inference",
+    "framework_probe",  # what run.sh --check asks of the framework
 }
 SHARED_TESTS = {
     "conftest.py",
+    "test_preflight.py",
     "test_archive.py",
     "test_cli.py",
     "test_logs.py",

@@ -146,15 +146,36 @@ def two_machines(machine0: Path, tmp_path: Path) -> tuple[Path, Path]:
     return machine0, machine1
 
 
-def run_on_both(machines: tuple[Path, Path], *args: str, nproc: int) -> None:
-    """`bash run.sh ARGS` as one job of both machines (NODE_RANK 0 and 1), `nproc` processes each; both succeed."""
+def start_on_both(machines: tuple[Path, Path], *args: str, nproc: int) -> list[subprocess.Popen]:
+    """`bash run.sh ARGS` started as one job of both machines (NODE_RANK 0 and 1), `nproc` processes each."""
     env = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": str(nproc)}
-    nodes = [
+    return [
         subprocess.Popen(["bash", "run.sh", *args], cwd=machine, env=tool_env(NODE_RANK=str(rank), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank, machine in enumerate(machines)
     ]  # fmt: skip
+
+
+def run_on_both(machines: tuple[Path, Path], *args: str, nproc: int) -> None:
+    """`bash run.sh ARGS` as one job of both machines, `nproc` processes each; both succeed."""
+    nodes = start_on_both(machines, *args, nproc=nproc)
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+
+
+def finish(commands: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str, float]]:
+    """(exit status, output, seconds from now until it ended) of each command started just before."""
+    started, ended = time.monotonic(), {}
+    while len(ended) < len(commands) and time.monotonic() - started < timeout:
+        for index, command in enumerate(commands):
+            if index not in ended and command.poll() is not None:
+                ended[index] = time.monotonic() - started
+        time.sleep(0.2)
+    results = []
+    for index, command in enumerate(commands):
+        if index not in ended:
+            command.kill()
+        results.append((command.wait(), command.stdout.read(), ended.get(index, float("inf"))))
+    return results
 
 
 @pytest.mark.parametrize(
@@ -233,6 +254,57 @@ def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_p
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "pip install -r requirements.txt failed" in errors[0]
     assert not (tmp_path / "out").exists()
+
+
+CHECKS = ("master", "port", "interface", "framework", "code", "data", "output", "shm", "all-reduce", "clocks")
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "paddle"])
+def test_a_check_on_two_machines_says_ready_on_both_and_trains_nothing(bake, tmp_path, framework):
+    machines = two_machines(bake(nodes="multi", framework=framework), tmp_path)
+    shared = tmp_path / "shared"  # the output folder both machines see (a network file system)
+    shared.mkdir()
+    (shared / "notes.txt").write_text("the user's")
+
+    results = finish(start_on_both(machines, "--check", "--output-dir", str(shared), nproc=2))
+
+    for status, output, _ in results:
+        assert status == 0, output[-3000:]
+        assert output.strip().splitlines()[-1].startswith("ready: 2 machine(s) x 2 process(es)"), output[-3000:]
+        assert all(f"\ncheck {name}: " in output for name in CHECKS), output
+        assert "over 4 rank(s) on gloo" in output
+    # Only paddle's launcher logs are new in the folder: no checkpoint, no log of a training, no check's own file.
+    left = {"notes.txt", "launch-logs"} if framework == "paddle" else {"notes.txt"}
+    assert {path.name for path in shared.iterdir()} == left
+
+
+def test_each_problem_a_check_finds_is_one_error_line_within_a_minute(bake, tmp_path):
+    """Started together, so that their waits overlap: a job of two machines that have their own output folders
+    and only machine 0 the data; a machine 1 whose master's name does not resolve; one whose master's port
+    nothing listens on."""
+    machines = two_machines(bake(nodes="multi", framework="pytorch"), tmp_path)
+    (machines[1] / "data" / "digits.zip").unlink()
+    alone = {"NNODES": "2", "NODE_RANK": "1", "NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
+    commands = [
+        *start_on_both(machines, "--check", "--output-dir", "out", nproc=1),  # out/ in each machine's copy
+        *[
+            subprocess.Popen(["bash", "run.sh", "--check"], cwd=machines[0], env=tool_env(**alone, MASTER_ADDR=master), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for master in ("no-such-machine.invalid", "127.0.0.1")
+        ],
+    ]  # fmt: skip
+
+    results = finish(commands)
+
+    for status, output, seconds in results:
+        assert status != 0 and seconds < 60, output[-3000:]
+    errors = [[line for line in output.splitlines() if line.startswith("error:")] for _, output, _ in results]
+    for job in errors[:2]:  # both machines say every problem
+        assert len(job) == 2, job
+        assert "machine 1" in job[0] and "has no data at" in job[0] and str(machines[1]) in job[0]
+        assert "output folder" in job[1] and "is not machine 0's" in job[1]
+    assert len(errors[2]) == 1 and "'no-such-machine.invalid' did not resolve" in errors[2][0]
+    assert len(errors[3]) == 1 and "nothing answers on the master's port" in errors[3][0]
+    assert not (machines[0] / "out").exists() and not (machines[1] / "out").exists()
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,17 @@ def test_more_processes_than_gpus_stops_run_sh_with_one_line_before_anything_sta
     assert not (tmp_path / "out").exists()
 
 
+def test_a_check_of_more_processes_than_gpus_is_the_same_one_line(project_root, gpu_machine, tmp_path):
+    env = {**gpu_machine, "FAKE_GPUS": "1", "NPROC_PER_NODE": "2"}
+
+    result = run_sh(project_root, "run.sh", env, "--check", "--output-dir", str(tmp_path / "out"))
+
+    assert result.returncode == 1
+    assert [line[:60] for line in result.stderr.strip().splitlines()] == [
+        "error: 2 processes on this machine, but it has 1 visible GPU"
+    ]
+
+
 def test_with_device_cpu_any_number_of_processes_may_share_a_gpu_machine(project_root, gpu_machine):
     env = {**gpu_machine, "FAKE_GPUS": "1", "NPROC_PER_NODE": "3", "DRY_RUN": "1"}
     result = run_sh(project_root, "run.sh", env, "--device", "cpu")
