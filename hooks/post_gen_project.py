@@ -64,8 +64,9 @@ def remove_paddle_variants() -> None:
 
 
 def remove_launcher_module(package: str) -> None:
-    """spawn: run.py starts its own processes, no launcher to wrap (nor to test)."""
+    """spawn: run.py starts its own processes, no launcher to wrap (nor to test), nor a launcher's roll call."""
     Path(package, "launcher.py").unlink()
+    Path(package, "roll_call.py").unlink()
     Path("tests", "test_launcher.py").unlink(missing_ok=True)
 
 

@@ -131,6 +131,7 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
     files |= {f"tests/{name}" for name in TASK_TESTS[task]}
     if answers.get("launcher", RECOMMENDED[answers["framework"]]) != "spawn":
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
+        files.add(f"{slug}/roll_call.py")  # what the launcher says while the machines gather
         if answers["framework"] == "paddle":
             files.add("tests/test_launcher.py")  # the job's status that paddle's launcher gets wrong
     if answers["framework"] == "pytorch":
