@@ -74,6 +74,16 @@ def test_the_interface_to_the_master_is_named_and_a_variable_is_asked_for_only_w
     assert said.endswith("NCCL_SOCKET_IFNAME=lo is set") and variable is None
 
 
+def test_where_gloo_would_bind_elsewhere_than_the_way_to_the_master_the_line_names_the_variable(monkeypatch):
+    monkeypatch.setattr(machine_checks, "route_to", lambda master, port: "127.0.0.1")  # this machine's lo
+    monkeypatch.setattr(machine_checks, "gloo_default_address", lambda: None)  # its host name resolves to nothing
+
+    said, variable = machine_checks.interface_advice("10.0.0.1", 29500, on_gpu=False, env={})
+
+    assert said == "lo (127.0.0.1) reaches the master 10.0.0.1, but GLOO_SOCKET_IFNAME unset would take the loopback"
+    assert variable == "GLOO_SOCKET_IFNAME=lo"
+
+
 def test_the_data_is_found_as_a_folder_or_as_the_archive_beside_it(tmp_path):
     assert machine_checks.data_present(str(tmp_path / "set"), None) is None
     (tmp_path / "set.zip").write_bytes(b"PK")

@@ -81,14 +81,23 @@ def nccl_default_interface() -> str | None:
 def interface_advice(master_ip: str, port: int, on_gpu: bool, env=os.environ) -> tuple[str, str | None]:
     """(the line saying which interface reaches the master, the variable to set where the backend's default
     would take another one, or None)."""
-    address = route_to(master_ip, port)
+    try:
+        address = route_to(master_ip, port)
+    except OSError as error:  # an IPv6 master, no route: the launcher will say more
+        return f"no route to the master {master_ip} found ({error.strerror or error})", None
     interface = interface_of(address) or address
     variable = "NCCL_SOCKET_IFNAME" if on_gpu else "GLOO_SOCKET_IFNAME"
     line = f"{interface} ({address}) reaches the master {master_ip}"
     if env.get(variable):
         return f"{line}; {variable}={env[variable]} is set", None
-    default = nccl_default_interface() if on_gpu else interface_of(gloo_default_address() or "")
-    if default in (interface, None) or master_ip.startswith("127."):  # the loopback: every machine is this one
+    if on_gpu:
+        default = nccl_default_interface()
+        differs = default not in (interface, None)
+    else:  # gloo binds to what the host name resolves to, else to the loopback (Debian maps it to 127.0.1.1)
+        default_address = gloo_default_address()
+        default = interface_of(default_address or "") or default_address or "the loopback"
+        differs = default_address != address
+    if not differs or master_ip.startswith("127."):  # a master on the loopback: every machine is this one
         return f"{line}; {variable} unset, the default is the same", None
     return f"{line}, but {variable} unset would take {default}", f"{variable}={interface}"
 
