@@ -17,11 +17,12 @@ import time
 import warnings
 from datetime import timedelta
 
-from torch.distributed import DistStoreError, TCPStore
+from torch.distributed import DistNetworkError, DistStoreError, TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
+from .machine_checks import wait_for_port
 from .roll_call import RollCall
 from .settings import LAUNCHER
 
@@ -51,7 +52,8 @@ def main() -> None:
             sys.exit(first.exitcode)
         how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
-    except DistStoreError as error:
+    # Another machine never came, or (DistNetworkError, on machines 1..) machine 0's store never listened.
+    except (DistStoreError, DistNetworkError) as error:
         missing = f" {roll.named()} did not." if roll and roll.missing else ""
         sys.exit(
             f"error: the machines did not all join: {error}{missing} Start run.sh on every machine with the same "
@@ -75,6 +77,8 @@ def _start_roll_call(argv: list[str]) -> RollCall | None:
 
     # The store is torchrun's own, up once machine 0's launcher starts; each thread has a client of its own.
     def connect() -> TCPStore:
+        if not wait_for_port(flags.master_addr, flags.master_port, wait_s=0):  # a client would print C++ stacks
+            raise ConnectionRefusedError(f"nothing listens on {flags.master_addr}:{flags.master_port} yet")
         return TCPStore(flags.master_addr, flags.master_port, is_master=False, timeout=timedelta(seconds=5))
 
     def say_here() -> None:
@@ -82,7 +86,7 @@ def _start_roll_call(argv: list[str]) -> RollCall | None:
             try:
                 connect().set(f"{_KEY}/{flags.node_rank}", "here")
                 return
-            except RuntimeError:  # torch's DistNetworkError: not up yet
+            except (OSError, RuntimeError):  # not up yet (RuntimeError: torch's DistNetworkError)
                 time.sleep(1.0)
 
     threading.Thread(target=say_here, daemon=True).start()
@@ -94,7 +98,7 @@ def _start_roll_call(argv: list[str]) -> RollCall | None:
         try:
             clients[:] = clients or [connect()]
             return {machine for machine in range(roll.nnodes) if clients[0].check([f"{_KEY}/{machine}"])}
-        except RuntimeError:
+        except (OSError, RuntimeError):
             return set()
 
     threading.Thread(target=roll.watch, args=(present, join_timeout), daemon=True).start()
