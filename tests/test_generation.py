@@ -131,11 +131,13 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
     files |= {f"tests/{name}" for name in TASK_TESTS[task]}
     if answers.get("launcher", RECOMMENDED[answers["framework"]]) != "spawn":
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
-        files.add(f"{slug}/roll_call.py")  # what the launcher says while the machines gather
         if answers["framework"] == "paddle":
             files.add("tests/test_launcher.py")  # the job's status that paddle's launcher gets wrong
+    if answers["framework"] == "pytorch" or answers.get("launcher", RECOMMENDED["paddle"]) != "spawn":
+        files.add(f"{slug}/roll_call.py")  # machine 0 says which machines it waits for
     if answers["framework"] == "pytorch":
         files.add(f"{slug}/fsdp.py")  # FSDP2: --strategy fsdp, hsdp
+        files.add(f"{slug}/store_roll_call.py")  # the roll call in torch's rendezvous store
     else:
         files.add(f"{slug}/sharding.py")  # --strategy sharding
     if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":

@@ -270,7 +270,10 @@ def test_a_check_on_two_machines_says_ready_on_both_and_trains_nothing(bake, tmp
 
     for status, output, _ in results:
         assert status == 0, output[-3000:]
-        assert output.strip().splitlines()[-1].startswith("ready: 2 machine(s) x 2 process(es)"), output[-3000:]
+        # The verdict is the project's last line; torchrun's agent may log after it (a C++ warning when machine 0's
+        # store closes while machine 1's agent still waits at its exit barrier: seen once in four runs).
+        ours = [line for line in output.splitlines() if line.startswith(("check ", "ready: ", "error: "))]
+        assert ours[-1].startswith("ready: 2 machine(s) x 2 process(es)"), output[-3000:]
         assert all(f"\ncheck {name}: " in output for name in CHECKS), output
         assert "over 4 rank(s) on gloo" in output
     # Only paddle's launcher logs are new in the folder: no checkpoint, no log of a training, no check's own file.
@@ -329,9 +332,9 @@ def test_a_machine_that_never_joins_ends_the_job_after_its_timeout(bake, answers
     assert time.monotonic() - started < 40
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and last_line in lines[-1], result.stderr[-2000:]
-    if answers["launcher"] != "spawn":  # machine 0 names the machine it waits for, while it waits and at the end
-        assert "waiting for machine 1 of 2 to join (" in result.stderr
-        assert "machine 1 of 2 did not" in lines[-1]
+    # Machine 0 names the machine it waits for, while it waits and at the end.
+    assert "waiting for machine 1 of 2 to join (" in result.stderr
+    assert "machine 1 of 2 did not" in lines[-1]
     assert processes_left_in(project) == []
 
 

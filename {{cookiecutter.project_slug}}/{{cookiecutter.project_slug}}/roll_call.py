@@ -22,7 +22,9 @@ class RollCall:
         self.nnodes = nnodes
         self.missing = list(range(1, nnodes))  # machine 0 is the one asking
 
-    def watch(self, present: Callable[[], set[int]], join_timeout_s: float, poll_s: float = 1.0) -> None:
+    def watch(
+        self, present: Callable[[], set[int]], join_timeout_s: float, limit: str = "JOIN_TIMEOUT", poll_s: float = 1.0
+    ) -> None:
         """Until every machine is present, a line every REPORT_EVERY_S (the first after FIRST_REPORT_S)."""
         started = time.monotonic()
         next_report = started + FIRST_REPORT_S
@@ -34,7 +36,7 @@ class RollCall:
             self.missing = [machine for machine in range(self.nnodes) if machine not in here | {0}]
             now = time.monotonic()
             if self.missing and now >= next_report:
-                sys.stderr.write(f"{self.waiting_for()} ({now - started:.0f} s of JOIN_TIMEOUT={join_timeout_s:g} s)\n")
+                sys.stderr.write(f"{self.waiting_for()} ({now - started:.0f} s of {limit}={join_timeout_s:g} s)\n")
                 sys.stderr.flush()
                 next_report = now + REPORT_EVERY_S
             time.sleep(poll_s)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from . import fsdp, hardware
+from . import fsdp, hardware, store_roll_call
 from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
@@ -111,6 +111,7 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         # torchrun starts each rank in a session of its own: a launcher killed outright (kill -9 of run.sh's
         # process group, as a test or a user does) would leave its ranks training on, holding the folder.
         die_with_parent(os.getppid())
+        roll = _roll_call(rank, local_rank, timeout_s)
         try:
             dist.init_process_group(
                 backend="nccl" if use_gpu else "gloo",
@@ -120,13 +121,25 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
                 device_id=this_device if use_gpu else None,
             )
         except dist.DistStoreError as error:  # the spawn launcher's wait for the other machines, mostly
+            missing = f"; {roll.named()} did not" if roll and roll.missing else ""
             raise UserError(
-                f"the processes did not all join within --dist-timeout {timeout_s:g} s ({error}): start run.sh on "
-                "every machine with the same NNODES, MASTER_ADDR and MASTER_PORT"
+                f"the processes did not all join within --dist-timeout {timeout_s:g} s ({error}{missing}): start "
+                "run.sh on every machine with the same NNODES, MASTER_ADDR and MASTER_PORT"
             ) from None
     # torchrun, torch.distributed.launch, spawn and notebook.launch() set LOCAL_WORLD_SIZE; srun its own.
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
     return DistEnv(rank, local_rank, world_size, this_device, local_world_size)
+
+
+def _roll_call(rank: int, local_rank: int, timeout_s: float):
+    """spawn on several machines (a launcher has its own, launcher.py): each machine's first process writes its
+    NODE_RANK in the store rank 0 serves, and rank 0 says which machines it still waits for."""
+    nnodes = int(os.environ.get("NNODES", 1))
+    if LAUNCHER != "spawn" or nnodes < 2 or local_rank != 0:
+        return None
+    master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    node_rank = int(os.environ.get("NODE_RANK", 0))
+    return store_roll_call.start(master_addr, master_port, nnodes, node_rank, timeout_s, "--dist-timeout")
 
 
 def cleanup() -> None:

@@ -5,24 +5,21 @@ The launcher runs in this very process, so signals reach it as they would reach 
 a worker fails, its own error is already on the console; the launcher's traceback and report box
 after it only bury that line.
 
-While the machines gather, each machine's launcher writes its NODE_RANK in the rendezvous store on machine 0,
-whose launcher says every 30 s which machines it still waits for (roll_call.py); the error names them.
+While the machines gather, machine 0's launcher says every 30 s which machines it still waits for
+(store_roll_call.py); the error names them.
 """
 
 import argparse
 import logging
 import sys
-import threading
-import time
 import warnings
-from datetime import timedelta
 
-from torch.distributed import DistNetworkError, DistStoreError, TCPStore
+from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from . import store_roll_call
 from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
-from .machine_checks import wait_for_port
 from .roll_call import RollCall
 from .settings import LAUNCHER
 
@@ -72,40 +69,8 @@ def _start_roll_call(argv: list[str]) -> RollCall | None:
     flags = parser.parse_known_args(argv)[0]
     if not flags.nnodes.isdigit() or int(flags.nnodes) < 2:
         return None
-    roll = RollCall(int(flags.nnodes))
     join_timeout = float(flags.rdzv_conf.partition("timeout=")[2] or 900)
-
-    # The store is torchrun's own, up once machine 0's launcher starts; each thread has a client of its own.
-    def connect() -> TCPStore:
-        if not wait_for_port(flags.master_addr, flags.master_port, wait_s=0):  # a client would print C++ stacks
-            raise ConnectionRefusedError(f"nothing listens on {flags.master_addr}:{flags.master_port} yet")
-        return TCPStore(flags.master_addr, flags.master_port, is_master=False, timeout=timedelta(seconds=5))
-
-    def say_here() -> None:
-        while True:
-            try:
-                connect().set(f"{_KEY}/{flags.node_rank}", "here")
-                return
-            except (OSError, RuntimeError):  # not up yet (RuntimeError: torch's DistNetworkError)
-                time.sleep(1.0)
-
-    threading.Thread(target=say_here, daemon=True).start()
-    if flags.node_rank != 0:
-        return None  # machine 0 alone knows who came
-    clients = []
-
-    def present() -> set[int]:
-        try:
-            clients[:] = clients or [connect()]
-            return {machine for machine in range(roll.nnodes) if clients[0].check([f"{_KEY}/{machine}"])}
-        except (OSError, RuntimeError):
-            return set()
-
-    threading.Thread(target=roll.watch, args=(present, join_timeout), daemon=True).start()
-    return roll
-
-
-_KEY = "roll_call"
+    return store_roll_call.start(flags.master_addr, flags.master_port, int(flags.nnodes), flags.node_rank, join_timeout)
 
 
 if __name__ == "__main__":
