@@ -17,6 +17,14 @@ def new_name() -> str:
     return f"save-{time.time_ns()}"
 
 
+def publish(directory: Path, folder: Path, is_best: bool) -> None:
+    """Make the complete save `folder` the last one (and the best): the links switched to it, older saves gone."""
+    if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
+        point(directory / "best", folder)
+    point(directory / "last", folder)
+    remove_unlinked(directory)
+
+
 def point(link: Path, folder: Path) -> None:
     """Point `link` at `folder` in one step: a new link, os.replace()d over the old one. A real folder in its
     place (a copy that followed the link: cp -L, rsync -L) becomes a save like the others."""

@@ -118,10 +118,7 @@ class Checkpointer(CheckpointerBase):
         if self.env.is_main:
             scaler = self.scaler.state_dict() if self.scaler is not None else None
             _save_synced({"scaler": scaler, **training}, folder / _TRAINING)
-            if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
-                save_folders.point(self.directory / _FOLDERS[BEST], folder)
-            save_folders.point(self.directory / _FOLDERS[LAST], folder)
-            save_folders.remove_unlinked(self.directory)
+            save_folders.publish(self.directory, folder, is_best)
 
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)

@@ -131,10 +131,7 @@ class Checkpointer(CheckpointerBase):
             raise
         if self.env.is_main:
             _atomic_save(rest, folder / _TRAINING)
-            if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
-                save_folders.point(self.directory / _SHARDED[BEST], folder)
-            save_folders.point(self.directory / _SHARDED[LAST], folder)
-            save_folders.remove_unlinked(self.directory)
+            save_folders.publish(self.directory, folder, is_best)
 
     def _wait_for_save(self) -> None:
         if self._saving is not None:
