@@ -64,6 +64,10 @@ RECOMMENDED_CASES = [
 ]
 
 
+# The `check` lines of `bash run.sh --check`, each printed once by every machine of a multi-machine job.
+PREFLIGHT_CHECKS = ("master", "port", "interface", "framework", "code", "data", "output", "shm", "all-reduce", "clocks")
+
+
 def answers_id(answers: dict) -> str:
     return "-".join(str(value) for value in answers.values())
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCH_CASES, TEMPLATE, run, tool_env
+from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, TEMPLATE, run, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -256,9 +256,6 @@ def test_a_failed_requirements_install_stops_the_job_before_training(bake, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-CHECKS = ("master", "port", "interface", "framework", "code", "data", "output", "shm", "all-reduce", "clocks")
-
-
 @pytest.mark.parametrize("framework", ["pytorch", "paddle"])
 def test_a_check_on_two_machines_says_ready_on_both_and_trains_nothing(bake, tmp_path, framework):
     machines = two_machines(bake(nodes="multi", framework=framework), tmp_path)
@@ -274,7 +271,7 @@ def test_a_check_on_two_machines_says_ready_on_both_and_trains_nothing(bake, tmp
         # store closes while machine 1's agent still waits at its exit barrier: seen once in four runs).
         ours = [line for line in output.splitlines() if line.startswith(("check ", "ready: ", "error: "))]
         assert ours[-1].startswith("ready: 2 machine(s) x 2 process(es)"), output[-3000:]
-        assert all(f"\ncheck {name}: " in output for name in CHECKS), output
+        assert all(f"\ncheck {name}: " in output for name in PREFLIGHT_CHECKS), output
         assert "over 4 rank(s) on gloo" in output
     # Only paddle's launcher logs are new in the folder: no checkpoint, no log of a training, no check's own file.
     left = {"notes.txt", "launch-logs"} if framework == "paddle" else {"notes.txt"}
