@@ -2,8 +2,8 @@
 
 The cluster (tests/slurm_cluster.py) runs on this host: nodes n1 and n2, 4 CPUs each. Every job of
 this module is submitted at once, when the first test asks for them, so that they run together; each
-test then waits for its own jobs. The time-limit job sleeps through its steps and runs the longest:
-it goes first.
+test then waits for its own jobs. The preflight checks take seconds: they go first. The time-limit job
+sleeps through its steps and runs the longest: it goes next.
 """
 
 import json
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCH_CASES, RECOMMENDED_CASES, tool_env
+from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, RECOMMENDED_CASES, tool_env
 
 # One SLURM cluster a session, so all of its tests run in the same test process.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -21,6 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 SBATCH = "slurm/train.sbatch"
 TRAIN_SIZE, VAL_SIZE = 1437, 360  # the sample digits archive
 ARGS = ["--epochs", "2", "--log-every", "1"]
+# A folder of the check's own: the training job of the same project writes output/ meanwhile.
+CHECK_ARGS = ("--check", "--output-dir", "check-output")
 TIME_LIMIT_EPOCHS = 9  # 23 steps of 0.6 s each: 124 s of training at least, more than a first run before its warning
 SLOW_STEPS = """
 
@@ -122,33 +124,48 @@ def cancel_then_submit_again(cluster, job: Job) -> Cancelled:
     return Cancelled(state, stopped, epochs_done, Job(job.project, job.options, job.args, job.nproc).submit(cluster))
 
 
-@pytest.fixture(scope="module")
-def jobs(cluster, cookies_session) -> dict:
-    def bake(slow_step_s: float = 0.0, **answers) -> Path:
-        result = cookies_session.bake(extra_context=answers)
-        assert result.exit_code == 0, f"baking {answers} failed: {result.exception}"
-        project = Path(result.project_path)
-        if slow_step_s:
-            with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
-                model.write(SLOW_STEPS.format(seconds=slow_step_s))
-        return project
+def bake(cookies_session, slow_step_s: float = 0.0, **answers) -> Path:
+    result = cookies_session.bake(extra_context=answers)
+    assert result.exit_code == 0, f"baking {answers} failed: {result.exception}"
+    project = Path(result.project_path)
+    if slow_step_s:
+        with open(project / "dist_train" / "model.py", "a", encoding="utf-8") as model:
+            model.write(SLOW_STEPS.format(seconds=slow_step_s))
+    return project
 
+
+@pytest.fixture(scope="module")
+def recommended(cookies_session) -> dict[str, Path]:
+    """The project a new user of each framework bakes first, its steps slowed for the scancel test."""
+    return {case_id(answers): bake(cookies_session, 0.2, nodes="multi", **answers) for answers in RECOMMENDED_CASES}
+
+
+@pytest.fixture(scope="module")
+def checks(cluster, recommended) -> dict[str, Job]:
+    """`sbatch slurm/train.sbatch --check` on two machines, in each recommended project."""
+    return {
+        case: Job(project, ("--nodes=2",), CHECK_ARGS, nproc=2).submit(cluster) for case, project in recommended.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, cookies_session, recommended, checks) -> dict:  # checks: submitted first, as they are short
     submitted: dict = {}
     canceller = ThreadPoolExecutor(max_workers=len(RECOMMENDED_CASES))
     # Two machines with one process each; --time=3 as a user would write it, the warning offset from the file.
     submitted["time limit"] = Job(
-        bake(0.6, framework="pytorch", launcher="torchrun", nodes="multi"),
+        bake(cookies_session, 0.6, framework="pytorch", launcher="torchrun", nodes="multi"),
         ("--nodes=2", "--time=3"),
         ("--epochs", str(TIME_LIMIT_EPOCHS), "--log-every", "5"),
         nproc=1,
     ).submit(cluster)
     for answers in RECOMMENDED_CASES:
-        job = Job(bake(0.2, nodes="multi", **answers), ("--nodes=2",), tuple(ARGS), nproc=2).submit(cluster)
+        job = Job(recommended[case_id(answers)], ("--nodes=2",), tuple(ARGS), nproc=2).submit(cluster)
         # Each job is cancelled as soon as it is part-way through, whichever test runs meanwhile.
         submitted["cancel", case_id(answers)] = job, canceller.submit(cancel_then_submit_again, cluster, job)
     for answers in LAUNCH_CASES:
         nodes = nodes_for(answers)
-        project = bake(nodes="multi" if nodes > 1 else "single", **answers)
+        project = bake(cookies_session, nodes="multi" if nodes > 1 else "single", **answers)
         args = (*ARGS, *sharding(answers))
         submitted[case_id(answers)] = Job(project, (f"--nodes={nodes}",), args, nproc=2).submit(cluster)
     yield submitted
@@ -229,3 +246,23 @@ def test_a_job_that_reaches_its_time_limit_saves_requeues_itself_and_trains_ever
     metrics = read_metrics(job.output)
     assert [m["epoch"] for m in metrics] == list(range(1, TIME_LIMIT_EPOCHS + 1))
     assert all(m["train_samples"] == TRAIN_SIZE and m["world_size"] == 2 for m in metrics)
+
+
+@pytest.mark.parametrize("answers", RECOMMENDED_CASES, ids=case_id)
+def test_sbatch_check_on_two_machines_says_ready_on_both_and_trains_nothing(cluster, checks, answers):
+    job = checks[case_id(answers)]
+
+    record = ended(cluster, job, timeout_s=300)
+
+    assert_completed(record, job)
+    log = job.log()
+    # run.sh on each machine got --check: each says every check, and its verdict (the two machines' lines interleave).
+    for name in PREFLIGHT_CHECKS:
+        assert log.count(f"\ncheck {name}: ") == 2, log
+    verdicts = [line for line in log.splitlines() if line.startswith(("ready: ", "error: "))]
+    assert len(verdicts) == 2, log
+    assert all(line.startswith("ready: 2 machine(s) x 2 process(es), ") for line in verdicts), log
+    # Nothing trained: only paddle's launcher logs are in the check's folder (the check removes its own files).
+    folder = job.project / CHECK_ARGS[-1]
+    left = {path.name for path in folder.iterdir()} if folder.exists() else set()
+    assert left <= {"launch-logs"}, left
