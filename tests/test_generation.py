@@ -15,6 +15,7 @@ SHARED_PACKAGE = {
     "save_folders",
     "preflight",  # run.sh --check
     "machine_checks",
+    "elastic",  # NNODES=MIN:MAX
     "cli",
     "errors",
     "logs",

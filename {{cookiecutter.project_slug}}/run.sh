@@ -67,7 +67,15 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / NPROC_PER_NODE > 0 ? cores 
 {%- if cookiecutter.launcher == "torchrun" %}
 command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --standalone --nproc_per_node="$NPROC_PER_NODE" "$RUN_SCRIPT" "$@")
 {%- if cookiecutter.nodes == "multi" %}
-if ((NNODES > 1)); then
+if [[ -n ${MIN_NNODES:-} ]]; then
+  # An elastic job: machine 0 (MASTER_ADDR) hosts the rendezvous, which numbers the machines at every restart. A
+  # machine that comes back can join only when each restart gets a store of its own, not the agent's.
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ELASTIC_JOB_ID
+  command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --nnodes="$MIN_NNODES:$NNODES"
+    --nproc_per_node="$NPROC_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"
+    --rdzv-id="$ELASTIC_JOB_ID" --rdzv-conf="join_timeout=$JOIN_TIMEOUT,last_call_timeout=5"
+    --max-restarts="${MAX_RESTARTS:-3}" "$RUN_SCRIPT" "$@")
+elif ((NNODES > 1)); then
   command=("$PYTHON" -m {{ cookiecutter.project_slug }}.launcher --nnodes="$NNODES" --node_rank="$NODE_RANK"
     --nproc_per_node="$NPROC_PER_NODE" --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"
     --rdzv-conf timeout="$JOIN_TIMEOUT" "$RUN_SCRIPT" "$@")

@@ -123,3 +123,28 @@ def test_the_next_job_waits_for_one_that_is_stopping_and_a_killed_one_holds_noth
     assert f"done: best val_{task.BEST_METRIC}" in log
     if signum == signal.SIGTERM:
         assert "resumed from" in log
+
+
+def test_a_restarted_elastic_job_goes_on_where_its_own_lost_rank_0_still_holds_the_lock(tmp_path, monkeypatch):
+    # A lost machine's lock on a network file system outlives it: here a process that holds it and sleeps.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; d = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(d, fcntl.LOCK_EX); os.write(d, b'host gone, process 1, since then, elastic job run-7'); "
+         "print(flush=True); time.sleep(60)", str(tmp_path / folder_lock.LOCK_NAME)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        holder.stdout.readline()  # it holds the lock
+        monkeypatch.setenv(folder_lock.WAIT_VARIABLE, "1")
+        monkeypatch.setenv("ELASTIC_JOB_ID", "run-7")
+        started = time.monotonic()
+        own = folder_lock.in_use(tmp_path)
+        waited = time.monotonic() - started
+        monkeypatch.setenv("ELASTIC_JOB_ID", "run-8")
+        other = folder_lock.in_use(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+    assert own is None and waited < 1
+    assert "in use by another job (host gone, process 1, since then, elastic job run-7)" in other

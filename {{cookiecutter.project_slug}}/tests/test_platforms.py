@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, modelarts, platforms, workspace
+from {{ cookiecutter.project_slug }} import cli, elastic, modelarts, platforms, workspace
 from {{ cookiecutter.project_slug }}.errors import PlatformError
 from {{ cookiecutter.project_slug }}.platforms import Layout
 
@@ -40,8 +40,8 @@ SLURM_STEP = {
 }  # fmt: skip
 
 
-def decide(env: dict, gpus: int = 0, nodes: str = "multi", master_numbers_machines: bool = False) -> Layout:
-    return platforms.decide(env, gpus, nodes=nodes, master_numbers_machines=master_numbers_machines)
+def decide(env: dict, gpus: int = 0, nodes: str = "multi", master_numbers_machines: bool = False, **launcher) -> Layout:
+    return platforms.decide(env, gpus, nodes=nodes, master_numbers_machines=master_numbers_machines, **launcher)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_a_paddlejob_pod_finds_its_index_in_its_name_or_leaves_it_to_paddles_mas
         ({**MODELARTS, "VC_TASK_INDEX": "5"}, "NODE_RANK 5 is not below NNODES 2 (ModelArts)"),
         ({"NNODES": "two"}, "NNODES='two' is not a whole number"),
         ({"NPROC_PER_NODE": "0"}, "NPROC_PER_NODE='0' is not a whole number of 1 or more"),
-        ({**PYTORCHJOB, "PET_NNODES": "1:4"}, "asks for an elastic job of 1 to 4 machines"),
+        ({"NNODES": "3:2"}, "NNODES='3:2' is not a whole number of 1 or more, nor a range MIN:MAX"),
         ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}, "outside srun"),
         ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "4294967291", "SLURM_NNODES": "2"}, "outside srun"),
         ({**SLURM_STEP, "SLURM_NTASKS": "4"}, "has 4 tasks on 2 machine(s)"),
@@ -125,6 +125,38 @@ def test_values_that_cannot_be_right_stop_with_one_line(env, message):
         decide(env)
 
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_range_of_machines_is_an_elastic_job_numbered_by_its_rendezvous():
+    found = decide({"NNODES": "1:3", "MASTER_ADDR": "10.0.0.1"}, framework="pytorch", launcher="torchrun")
+    pod = decide({**PYTORCHJOB, "PET_NNODES": "1:2"}, framework="pytorch", launcher="torchrun")
+
+    assert (found.min_nnodes, found.nnodes, found.node_rank) == (1, 3, None)
+    assert (pod.min_nnodes, pod.nnodes) == (1, 2)
+    assert decide({"NNODES": "2:2"}).min_nnodes is None  # not a range
+
+
+@pytest.mark.parametrize(
+    "framework, launcher, env, message",
+    [
+        ("pytorch", "spawn", {}, "runs with torchrun; this project was baked with launcher=spawn"),
+        ("pytorch", "launch", {}, "runs with torchrun; this project was baked with launcher=launch"),
+        ("paddle", "spawn", {}, "runs with Paddle's launch or fleetrun"),
+        ("paddle", "launch", {}, "needs an etcd server that every machine reaches: set ETCD_ENDPOINT=HOST:PORT"),
+    ],
+)
+def test_an_elastic_job_where_the_launcher_cannot_run_one_stops_with_one_line(framework, launcher, env, message):
+    with pytest.raises(PlatformError) as error:
+        decide({"NNODES": "1:2", **env}, framework=framework, launcher=launcher)
+
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_global_batch_that_some_allowed_world_size_cannot_reach_is_refused_at_the_start():
+    assert elastic.batch_refusal(96, 8, 2, 1, 3) is None  # 16, 32 and 48 all divide 96
+    refusal = elastic.batch_refusal(64, 8, 2, 1, 3)
+
+    assert "on 3 machine(s) (6 processes)" in refusal and "elastic job of 1 to 3 machines" in refusal
 
 
 def test_the_batch_shell_error_says_to_use_srun_or_the_job_file():

@@ -4,7 +4,8 @@ The lock is the operating system's (flock): it goes when the process holding it 
 (SIGKILL and a crash included), so a requeue or a restart after a crash is never refused. A job that is
 still stopping (saving after scancel's SIGTERM when `sbatch` comes again) gets JOB_LOCK_WAIT seconds to end
 (default 60); after that, the second job stops before it trains or writes anything, naming the host and
-process that hold the folder.
+process that hold the folder. Inside an elastic job, a restarted rank 0 goes on where the lock's holder is its own
+job: a lost machine's lock on a network file system lingers long after the machine is gone.
 """
 
 import fcntl
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import elastic
 from .errors import UserError
 
 LOCK_NAME = ".job.lock"
@@ -62,12 +64,15 @@ def _take(folder: Path) -> tuple[int | None, str | None]:
         return None, refusal
     os.ftruncate(descriptor, 0)
     holder = f"host {socket.gethostname()}, process {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    if job := elastic.job_id():
+        holder += f", elastic job {job}"
     os.pwrite(descriptor, holder.encode(), 0)
     return descriptor, None
 
 
 def _refusal_after_waiting(folder: Path, descriptor: int) -> str | None:
-    """Lock `descriptor` (None), or, when another job still holds it after JOB_LOCK_WAIT seconds, why not."""
+    """Lock `descriptor` (None; None too where this elastic job's own rank 0 of before a restart holds it), or,
+    when another job still holds it after JOB_LOCK_WAIT seconds, why not."""
     deadline = time.monotonic() + float(os.environ.get(WAIT_VARIABLE) or DEFAULT_WAIT_S)
     told = False
     while True:
@@ -76,6 +81,8 @@ def _refusal_after_waiting(folder: Path, descriptor: int) -> str | None:
             return None
         except BlockingIOError:
             holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
+        if (job := elastic.job_id()) and holder.endswith(f", elastic job {job}"):
+            return None  # this job's own rank 0 before a restart: gone, or being stopped by its launcher
         if time.monotonic() >= deadline:
             return (
                 f"output folder {folder} is in use by another job ({holder}): wait for it to end or stop it, "

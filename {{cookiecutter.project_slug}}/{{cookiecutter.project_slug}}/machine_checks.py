@@ -15,6 +15,7 @@ import struct
 import time
 from pathlib import Path
 
+from .errors import PlatformError
 from .workspace import ARCHIVE_SUFFIXES
 
 # Every wait of a check ends within this, so that each problem is one line within a minute of the last start.
@@ -23,6 +24,27 @@ MiB = 1 << 20
 # What each loader worker process may hold in /dev/shm at once: its prefetched batches (2 by default; an image
 # batch of 64 x 3 x 224 x 224 in float32 is 38 MiB). A container's default /dev/shm is 64 MiB.
 SHM_PER_WORKER = 128 * MiB
+
+
+def network(layout, master_ip: str, device: str, gpus: int) -> list[str]:
+    """run.sh --check, before the launcher, for platforms.py's `layout`: the master resolves, its port answers
+    (machine 0: run.sh checks that it is free), and the interface that reaches it. The `check` lines; a
+    PlatformError for a problem."""
+    lines = [f"check master: {layout.master_addr} is {master_ip}"]
+    # Machine 0 hosts the port itself (a PaddleJob numbers its machines later: the one holding the master's address).
+    hosts_master = layout.node_rank == 0 or (layout.node_rank is None and interface_of(master_ip))
+    if not hosts_master:
+        if not wait_for_port(master_ip, layout.master_port):
+            raise PlatformError(
+                f"nothing answers on the master's port {master_ip}:{layout.master_port} within "
+                f"{WAIT_S:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
+                "check that its firewall lets the port in"
+            )
+        lines.append(f"check port: {master_ip}:{layout.master_port} answers")
+    on_gpu = device != "cpu" and gpus > 0
+    said, variable = interface_advice(master_ip, layout.master_port, on_gpu)
+    lines.append(f"check interface: {said}" + (f": export {variable} on this machine" if variable else ""))
+    return lines
 
 
 def wait_for_port(host: str, port: int, wait_s: float = WAIT_S) -> bool:

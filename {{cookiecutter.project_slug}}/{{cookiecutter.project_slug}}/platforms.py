@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import cli, folder_lock, hardware, machine_checks
+from . import cli, elastic, folder_lock, hardware, machine_checks
 from .errors import PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -49,6 +49,7 @@ class Layout(NamedTuple):
     master_addr: str
     master_port: int | None  # None: one machine, a free port picked at start
     nproc: int | None = None  # processes per machine, where the platform says
+    min_nnodes: int | None = None  # an elastic job (NNODES=MIN:MAX): its fewest machines; nnodes is the most
 
 
 # ----------------------------------------------------------------------------- detection
@@ -58,7 +59,7 @@ def detect(env: Mapping[str, str]) -> Layout:
     """The job as the environment describes it, before the user's own variables (see decide())."""
     if "NNODES" in env:
         source = env.get(NNODES_SOURCE, "NNODES set by you")
-        return Layout(source, number("NNODES", env["NNODES"], minimum=1), 0, "127.0.0.1", DEFAULT_PORT)
+        return ranged(Layout(source, 0, 0, "127.0.0.1", DEFAULT_PORT), "NNODES", env["NNODES"])
     for source in (from_slurm, from_kubeflow, from_paddle, from_modelarts):
         layout = source(env)
         if layout is not None:
@@ -109,18 +110,18 @@ def first_slurm_host(nodelist: str) -> str:
 
 def from_kubeflow(env: Mapping[str, str]) -> Layout | None:
     if "PET_NNODES" in env:  # PyTorchJob (training-operator v1.7+), TrainJob (Trainer v2)
-        nnodes = fixed_nnodes("PET_NNODES", env["PET_NNODES"])
         rank = env.get("PET_NODE_RANK", env.get("RANK"))
         nproc = env.get("PET_NPROC_PER_NODE", "")
-        return Layout(
+        layout = Layout(
             "Kubeflow PyTorchJob/TrainJob",
-            nnodes,
+            0,
             None if rank is None else number("PET_NODE_RANK", rank),
             env.get("PET_MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1")),
             number("PET_MASTER_PORT", env.get("PET_MASTER_PORT", env.get("MASTER_PORT", str(DEFAULT_PORT)))),
             # "auto", "gpu", "cpu": torchrun's own words for "count them"; run.sh counts the GPUs.
             number("PET_NPROC_PER_NODE", nproc, minimum=1) if nproc.isdigit() else None,
         )
+        return ranged(layout, "PET_NNODES", env["PET_NNODES"])  # an elasticPolicy's PET_NNODES is MIN:MAX
     if {"WORLD_SIZE", "RANK", "MASTER_ADDR"} <= env.keys() and "LOCAL_RANK" not in env:
         # Older operators: one process per pod, so WORLD_SIZE counts pods and RANK is the pod's index.
         return Layout(
@@ -135,15 +136,17 @@ def from_kubeflow(env: Mapping[str, str]) -> Layout | None:
 
 def from_paddle(env: Mapping[str, str]) -> Layout | None:
     if "PADDLE_MASTER" in env or "PADDLE_NNODES" in env:  # Kubeflow PaddleJob, AI Studio
-        nnodes = fixed_nnodes("PADDLE_NNODES", env.get("PADDLE_NNODES", "1"))
         master = env.get("PADDLE_MASTER", "")
+        if master.startswith("etcd://"):  # an elastic PaddleJob: the machines meet in etcd (elastic.etcd_endpoint)
+            master = ""
         if "://" in master:
             raise PlatformError(
                 f"PADDLE_MASTER={master}: run.sh needs a HOST:PORT master, not a {master.split(':')[0]} one"
             )
         host, port = split_endpoint("PADDLE_MASTER", master) if master else ("", DEFAULT_PORT)
         name = "Kubeflow PaddleJob" if "PADDLE_JOB_ID" in env else "PaddlePaddle platform (PADDLE_MASTER)"
-        return Layout(name, nnodes, paddlejob_machine_index(env), host, port)
+        layout = Layout(name, 0, paddlejob_machine_index(env), host, port)
+        return ranged(layout, "PADDLE_NNODES", env.get("PADDLE_NNODES", "1"))
     family = env.get("PADDLE_TRAINERS") or env.get("PADDLE_TRAINER_ENDPOINTS")
     if not family:
         return None
@@ -193,6 +196,8 @@ def decide(
     visible_gpus: int,
     nodes: str = NODES,
     master_numbers_machines: bool = MASTER_NUMBERS_MACHINES,
+    framework: str = FRAMEWORK,
+    launcher: str = LAUNCHER,
 ) -> Layout:
     """The layout run.sh starts: the platform's, then the user's own variables, checked."""
     user_nnodes = "NNODES" in env
@@ -220,6 +225,8 @@ def decide(
             f"{layout.platform} says this job has {layout.nnodes} machines, but this project was baked for one "
             "machine (nodes=single): bake it again with nodes=multi, or give the job one machine"
         )
+    if layout.min_nnodes is not None and (why := elastic.refusal(framework, launcher, env)):
+        raise PlatformError(why)
     if layout.node_rank is not None and layout.node_rank >= layout.nnodes:
         raise PlatformError(
             f"NODE_RANK {layout.node_rank} is not below NNODES {layout.nnodes} ({layout.platform}): number the "
@@ -227,14 +234,20 @@ def decide(
         )
     if layout.nnodes == 1:  # no rendezvous across machines: the launcher's own, on this one
         return layout._replace(master_addr="127.0.0.1", master_port=user_port)
+    if layout.min_nnodes is not None:  # the rendezvous numbers the machines, again at every restart
+        if user_nnodes and "NODE_RANK" not in env:
+            layout = layout._replace(node_rank=None)  # which machine is the master's is not known here
+        return layout if layout.master_addr or framework == "paddle" else _no_master(layout)
     if layout.node_rank is None and not master_numbers_machines:
         raise PlatformError(
             f"{layout.platform} does not say which machine this is: set NODE_RANK on every machine, 0 for the "
             f"one at {layout.master_addr or 'MASTER_ADDR'}"
         )
-    if not layout.master_addr:
-        raise PlatformError(f"{layout.platform} names no master for its {layout.nnodes} machines: set MASTER_ADDR")
-    return layout
+    return layout if layout.master_addr else _no_master(layout)
+
+
+def _no_master(layout: Layout) -> Layout:
+    raise PlatformError(f"{layout.platform} names no master for its {layout.nnodes} machines: set MASTER_ADDR")
 
 
 def visible_gpus() -> int:
@@ -266,15 +279,10 @@ def number(name: str, text: str, minimum: int = 0) -> int:
     return value
 
 
-def fixed_nnodes(name: str, text: str) -> int:
-    """A number of machines; "N:N" (an elastic range that is not one) counts as N."""
-    low, _, high = text.partition(":")
-    if high and high != low:
-        raise PlatformError(
-            f"{name}={text} asks for an elastic job of {low} to {high} machines; run.sh starts a fixed number: "
-            "make the minimum and the maximum the same"
-        )
-    return number(name, low, minimum=1)
+def ranged(layout: Layout, name: str, text: str) -> Layout:
+    """`layout` with the machines `text` gives: N, or MIN:MAX for an elastic job ("N:N" is N)."""
+    fewest, most = elastic.machine_range(name, text)
+    return layout._replace(nnodes=most, min_nnodes=fewest if fewest < most else None)
 
 
 def split_endpoint(name: str, endpoint: str) -> tuple[str, int]:
@@ -327,30 +335,17 @@ def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
     master = layout.master_addr if master_ip == layout.master_addr else f"{layout.master_addr} ({master_ip})"
     port = "a free port" if layout.master_port is None else f"port {layout.master_port}"
     processes = "process" if layout.nproc == 1 else "processes"
+    machines = str(layout.nnodes)
+    if layout.min_nnodes is not None:
+        job = elastic.job_name(os.environ, __package__, layout.master_port)
+        machine = "(numbered by the rendezvous)"
+        machines = f"{layout.min_nnodes} to {layout.nnodes} (elastic, job {job})"
+        if etcd := elastic.etcd_endpoint(os.environ):
+            master, port = f"etcd {etcd}", "its keys"
     return (
-        f"platform: {layout.platform}; machine {machine} of {layout.nnodes}; {layout.nproc} {processes} per machine; "
+        f"platform: {layout.platform}; machine {machine} of {machines}; {layout.nproc} {processes} per machine; "
         f"master {master}, {port}; outputs in {os.path.abspath(output_dir)}"
     )
-
-
-def check_network(layout: Layout, master_ip: str, device: str, gpus: int) -> list[str]:
-    """run.sh --check, before the launcher: the master resolves, its port answers (machine 0: run.sh checks that
-    it is free), and the interface that reaches it. The `check` lines; a PlatformError for a problem."""
-    lines = [f"check master: {layout.master_addr} is {master_ip}"]
-    # Machine 0 hosts the port itself (a PaddleJob numbers its machines later: the one holding the master's address).
-    hosts_master = layout.node_rank == 0 or (layout.node_rank is None and machine_checks.interface_of(master_ip))
-    if not hosts_master:
-        if not machine_checks.wait_for_port(master_ip, layout.master_port):
-            raise PlatformError(
-                f"nothing answers on the master's port {master_ip}:{layout.master_port} within "
-                f"{machine_checks.WAIT_S:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
-                "check that its firewall lets the port in"
-            )
-        lines.append(f"check port: {master_ip}:{layout.master_port} answers")
-    on_gpu = device != "cpu" and gpus > 0
-    said, variable = machine_checks.interface_advice(master_ip, layout.master_port, on_gpu)
-    lines.append(f"check interface: {said}" + (f": export {variable} on this machine" if variable else ""))
-    return lines
 
 
 # ----------------------------------------------------------------------------- run.sh's question
@@ -371,17 +366,23 @@ def main(argv: list[str]) -> None:
         gpus = visible_gpus()
         layout = decide(env, gpus)
         check_gpus(layout.nproc, gpus, args.device)
+        check = script != "predict.py" and args.check
+        if check:  # a preflight meets all the machines (NNODES's most), as a fixed job would
+            layout = layout._replace(min_nnodes=None)
+        elif script != "predict.py" and layout.min_nnodes is not None:
+            sizes = (layout.nproc, layout.min_nnodes, layout.nnodes)
+            if why := elastic.batch_refusal(args.global_batch_size, args.batch_size, *sizes):
+                raise PlatformError(why)
         # The machine of rank 0 (which holds the folder while the job runs) checks before its launcher writes logs
         # there; the others share the folder with it.
         if script != "predict.py" and layout.node_rank == 0 and (busy := folder_lock.in_use(output_dir)):
             raise PlatformError(busy)
-        check = script != "predict.py" and args.check
         # --check: every wait ends within a minute, so that each problem is said while the user watches.
         wait_s = min(join_timeout(env), machine_checks.WAIT_S) if check else join_timeout(env)
         master_ip = layout.master_addr
         if layout.nnodes > 1:
             master_ip = resolve(layout.master_addr, wait_s)
-        checked = check_network(layout, master_ip, args.device, gpus) if check and layout.nnodes > 1 else []
+        checked = machine_checks.network(layout, master_ip, args.device, gpus) if check and layout.nnodes > 1 else []
     except PlatformError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
@@ -395,6 +396,10 @@ def main(argv: list[str]) -> None:
         "found": describe(layout, master_ip, output_dir),
         "checked": "\n".join(checked) or None,
     }
+    if layout.min_nnodes is not None:  # run.sh starts the launcher's elastic mode, and tells the ranks their job
+        assignments["MIN_NNODES"] = layout.min_nnodes
+        assignments[elastic.JOB_ID_VARIABLE] = elastic.job_name(env, __package__, layout.master_port)
+        assignments[elastic.ETCD_VARIABLE] = elastic.etcd_endpoint(env)
     if check:
         assignments["JOIN_TIMEOUT"] = f"{wait_s:g}"  # the launcher's wait for the other machines
     for name, value in assignments.items():

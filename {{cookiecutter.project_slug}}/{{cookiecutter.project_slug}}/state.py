@@ -12,7 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import distributed
+from . import distributed, elastic
 from .errors import UserError, disk_full
 
 log = logging.getLogger(__name__)
@@ -288,24 +288,32 @@ class CheckpointerBase:
 
     def _restored(self, path: Path, saved: dict) -> TrainingState:
         """Where the loaded checkpoint stands for this rank, its random streams restored."""
-        if len(saved["rng"]) == self.env.world_size:
+        saved_world = len(saved["rng"])
+        if saved_world == self.env.world_size:
             self._restore_rng(saved["rng"][self.env.rank])
             progress = EpochProgress(**saved["progress"][self.env.rank])
         else:
-            log.warning(
-                "world size changed from %d to %d: random streams start afresh", len(saved["rng"]), self.env.world_size
-            )
             progress = self._moved(saved["progress"])
         if saved["progress"][0]["step"] and "consumed" not in saved["progress"][0]:  # from before it was saved
             log.warning("the checkpoint does not say where its stopped epoch got to: the epoch starts again")
             progress = EpochProgress()
         if progress.step:
-            log.info("resumed from %s (epoch %d, step %d)", path, saved["epoch"] + 1, progress.step)
+            where = f"{path} (epoch {saved['epoch'] + 1}, step {progress.step})"
         elif progress.consumed:
-            log.info("resumed from %s (epoch %d, after its first %d samples)", path, saved["epoch"] + 1,
-                     progress.consumed)  # fmt: skip
+            where = f"{path} (epoch {saved['epoch'] + 1}, after its first {progress.consumed} samples)"
         else:
-            log.info("resumed from %s (epoch %d)", path, saved["epoch"])
+            where = f"{path} (epoch {saved['epoch']})"
+        if elastic.job_id():  # a restart of an elastic job, in one line
+            log.info(elastic.restart_line(saved_world, self.env.world_size, self.env.local_world_size, where))
+        else:
+            if saved_world != self.env.world_size:
+                log.warning("world size changed from %d to %d: random streams start afresh", saved_world,
+                            self.env.world_size)  # fmt: skip
+            log.info("resumed from %s", where)
+        return self._state_of(saved, progress)
+
+    @staticmethod
+    def _state_of(saved: dict, progress: EpochProgress) -> TrainingState:
         # A checkpoint from before task.py (best_acc, no metric's name) was chosen by classification's accuracy.
         best_value = saved["best_value"] if "best_metric" in saved else saved["best_acc"]
         return TrainingState(

@@ -17,6 +17,7 @@ import warnings
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 
 from . import store_roll_call
 from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
@@ -36,7 +37,8 @@ def main() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    roll = _start_roll_call(sys.argv[1:])
+    flags = _flags(sys.argv[1:])
+    roll = _start_roll_call(flags)
     try:
         start()  # parses sys.argv, as the command would
     except SignalException:
@@ -49,6 +51,18 @@ def main() -> None:
             sys.exit(first.exitcode)
         how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
+    # An elastic job's rendezvous, hosted by machine 0's launcher: never met, or gone with that machine.
+    except RendezvousTimeoutError:
+        fewest, timeout = flags.nnodes.partition(":")[0], flags.rdzv_conf.partition("join_timeout=")[2].split(",")[0]
+        sys.exit(
+            f"error: fewer than {fewest} machine(s) of this elastic job met within JOIN_TIMEOUT={timeout} s: start "
+            "run.sh on more of them, with the same NNODES, MASTER_ADDR and MASTER_PORT, or raise JOIN_TIMEOUT"
+        )
+    except RendezvousError as error:
+        sys.exit(
+            f"error: the elastic job's rendezvous failed: {error} Machine 0 (MASTER_ADDR) hosts it: a job goes on "
+            "without any other machine, not without that one; start it again there, and on the others"
+        )
     # Another machine never came, or (DistNetworkError, on machines 1..) machine 0's store never listened.
     except (DistStoreError, DistNetworkError) as error:
         missing = f" {roll.named()} did not." if roll and roll.missing else ""
@@ -58,16 +72,20 @@ def main() -> None:
         )
 
 
-def _start_roll_call(argv: list[str]) -> RollCall | None:
-    """On a job of several machines: this machine's NODE_RANK into the store, and on machine 0 the watch."""
+def _flags(argv: list[str]) -> argparse.Namespace:
+    """The launcher flags this module needs, as run.sh gives them."""
     parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     parser.add_argument("--nnodes", default="1")
     parser.add_argument("--node_rank", "--node-rank", type=int, default=0)
     parser.add_argument("--master_addr", "--master-addr")
     parser.add_argument("--master_port", "--master-port", type=int)
     parser.add_argument("--rdzv-conf", "--rdzv_conf", default="timeout=900")
-    flags = parser.parse_known_args(argv)[0]
-    if not flags.nnodes.isdigit() or int(flags.nnodes) < 2:
+    return parser.parse_known_args(argv)[0]
+
+
+def _start_roll_call(flags: argparse.Namespace) -> RollCall | None:
+    """On a job of several machines: this machine's NODE_RANK into the store, and on machine 0 the watch."""
+    if not flags.nnodes.isdigit() or int(flags.nnodes) < 2:  # one machine, or an elastic job (numbered later)
         return None
     join_timeout = float(flags.rdzv_conf.partition("timeout=")[2] or 900)
     return store_roll_call.start(flags.master_addr, flags.master_port, int(flags.nnodes), flags.node_rank, join_timeout)

@@ -1,0 +1,105 @@
+"""Slow tier: an elastic job of two machines on the loopback (NNODES=1:2) loses one mid-epoch, goes on alone, and
+takes it back when it returns."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import tool_env
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 8
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_answers(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def epochs_logged(output: Path) -> list[dict]:
+    path = output / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
+
+
+def descendants(pid: int) -> list[int]:
+    found = []
+    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+        found += [int(child), *descendants(int(child))]
+    return found
+
+
+def lose(machine: subprocess.Popen) -> None:
+    """A machine gone without a word (a hardware fault, a spot instance taken back): its launcher and every rank
+    killed at once. The ranks run in sessions of their own, so killing the launcher's group is not enough."""
+    pids = [machine.pid, *descendants(machine.pid)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    machine.wait()
+
+
+@pytest.mark.parametrize("framework", ["pytorch"])
+def test_an_elastic_job_loses_a_machine_mid_epoch_goes_on_alone_and_takes_it_back(bake, tmp_path, framework):
+    machine0 = bake(nodes="multi", framework=framework)
+    machine1 = tmp_path / "machine1"
+    shutil.copytree(machine0, machine1)
+    shared = tmp_path / "shared"  # the output folder both machines see (a network file system)
+    env = {"NNODES": "1:2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "1"}
+    args = ["--epochs", str(EPOCHS), "--batch-size", "16", "--save-every-steps", "5", "--output-dir", str(shared)]
+
+    def start(machine: Path, rank: int, log: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["bash", "run.sh", *args], cwd=machine, env=tool_env(NODE_RANK=str(rank), **env),
+            stdout=open(tmp_path / log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    first = start(machine0, 0, "machine0.log")
+    # On one host every machine is MASTER_ADDR's: the first to listen hosts the rendezvous, as machine 0 would.
+    wait_until(lambda: port_answers(int(env["MASTER_PORT"])), 60, "machine 0's rendezvous")
+    second = start(machine1, 1, "machine1.log")
+    try:
+        wait_until(lambda: len(epochs_logged(shared)) >= 1, 120, "a first epoch")
+        time.sleep(1.0)  # into the next epoch, past a step save
+        lose(second)
+        wait_until(lambda: any(e["world_size"] == 1 for e in epochs_logged(shared)), 120, "an epoch on machine 0 alone")
+        back = start(machine1, 1, "machine1-back.log")
+        status = first.wait(timeout=240)
+        back_status = back.wait(timeout=60)
+    finally:
+        for job in (first, second):
+            if job.poll() is None:
+                lose(job)
+    console = (tmp_path / "machine0.log").read_text()
+
+    assert status == 0 and back_status == 0, console[-4000:]
+    epochs = epochs_logged(shared)
+    assert [e["epoch"] for e in epochs] == list(range(1, EPOCHS + 1))  # each epoch once
+    sizes = [e["world_size"] for e in epochs]
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes  # lost, then joined again
+    restarts = [line for line in console.splitlines() if "elastic job " in line and "resumed from" in line]
+    assert len(restarts) == 2, console[-4000:]
+    assert "world size 1 (the save's was 2: machine(s) lost)" in restarts[0]
+    assert "world size 2 (the save's was 1: machine(s) joined)" in restarts[1]
+    assert "done: best val_acc" in console
