@@ -7,6 +7,7 @@ variables its platform injects (host names included). The fast tier asks run.sh 
 
 import fcntl
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -142,6 +143,65 @@ def test_the_kubernetes_job_file_has_what_the_operator_needs(bake, framework, no
         assert any(field in line and "EDIT" in line for line in text.splitlines()) or (
             field == "replicas:" and nodes == "single"
         ), f"{field} is not marked EDIT"
+
+
+# What a user uncomments for an elastic job: the YAML lines of the commented block, not the comments around them.
+ELASTIC_LINE = re.compile(
+    r"^(\s*)# (?=(?:elasticPolicy|env):|\s*(?:minReplicas|maxReplicas|rdzvBackend|maxRestarts|value):"
+    r"|\s*- name: (?:NNODES|ETCD_ENDPOINT|JOB_ID|MAX_RESTARTS)\b)",
+    re.MULTILINE,
+)
+
+
+@pytest.mark.parametrize("answers", MULTI_LAUNCHERS, ids=ids)
+def test_the_kubernetes_job_file_of_an_elastic_job_is_the_commented_block_uncommented(bake, answers):
+    project = bake(nodes="multi", dataset="synthetic", **answers)
+    text, uncommented = ELASTIC_LINE.subn(r"\1", (project / "k8s" / "train.yaml").read_text(encoding="utf-8"))
+    pytorch = answers["framework"] == "pytorch"
+    if answers["launcher"] == "spawn" or (pytorch and answers["launcher"] == "launch"):
+        assert uncommented == 0  # a range stops these launchers in one line: no block to offer
+        return
+    job = yaml.safe_load(text)
+    specs = job["spec"]["pytorchReplicaSpecs" if pytorch else "paddleReplicaSpecs"]
+    containers = {role: spec["template"]["spec"]["containers"][0] for role, spec in specs.items()}
+    envs = {role: {item["name"]: item["value"] for item in container["env"]} for role, container in containers.items()}
+    name = job["metadata"]["name"]
+    if pytorch:
+        assert uncommented == 5 + 5 * 2  # "the five elasticPolicy lines", "these five lines" in each container
+        policy = job["spec"]["elasticPolicy"]
+        assert policy == {"minReplicas": 1, "maxReplicas": 2, "rdzvBackend": "c10d", "maxRestarts": 3}
+        assert policy["maxReplicas"] == sum(spec["replicas"] for spec in specs.values())
+        assert envs == {role: {"JOB_ID": name, "MAX_RESTARTS": str(policy["maxRestarts"])} for role in specs}
+        # What the operator then gives the Worker pod (a range in PET_NNODES; PET_MAX_RESTARTS, PET_RDZV_* that
+        # run.sh leaves aside), and the container's own env: torchrun's elastic command.
+        port = free_port()
+        pod = pytorchjob_env(rank=1, pods=2, nproc=1, port=port)
+        pod.update(PET_NNODES="1:2", PET_MAX_RESTARTS="3", PET_RDZV_BACKEND="c10d")
+        pod.update(PET_RDZV_ENDPOINT=f"{name}-worker-0:{port}", **envs["Worker"])
+        result = dry_run(project, **pod)
+        assert result.returncode == 0, result.stderr
+        found, command = result.stdout.strip().splitlines()
+        assert f"machine (numbered by the rendezvous) of 1 to 2 (elastic, job {name})" in found
+        for flag in ("--nnodes=1:2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}"):
+            assert flag in command
+        assert "--max-restarts=3" in command
+    else:
+        assert uncommented == 8  # "the eight lines below"
+        assert "elasticPolicy" not in job["spec"]  # training-operator v1 does nothing with a PaddleJob's
+        assert envs["Worker"] == {
+            "NPROC_PER_NODE": "1", "NNODES": "1:2", "ETCD_ENDPOINT": "etcd:2379", "JOB_ID": name, "MAX_RESTARTS": "3",
+        }  # fmt: skip
+        assert specs["Worker"]["replicas"] == int(envs["Worker"]["NNODES"].partition(":")[2])
+        pod = paddlejob_env(index=1, pods=2, port=free_port(), job=name)
+        pod.update(envs["Worker"], ETCD_ENDPOINT="127.0.0.1:2379")
+        result = dry_run(project, **pod)
+        if result.returncode == 0:
+            found = result.stdout.splitlines()[0]
+            assert f"of 1 to 2 (elastic, job {name}); 1 process per machine; master etcd 127.0.0.1:2379" in found
+        else:  # the range and the endpoint were read; this machine lacks the optional etcd3
+            assert error_lines(result) == [
+                "error: an elastic Paddle job talks to etcd through the etcd3 package: pip install etcd3"
+            ]
 
 
 # ----------------------------------------------------------------------------- detection, through run.sh (fast)
