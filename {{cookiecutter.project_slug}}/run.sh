@@ -16,6 +16,14 @@
 #   JOIN_TIMEOUT    seconds to wait at start for the other machines, and for the master's host name to
 #                   resolve, before giving up (default 900)
 {%- endif %}
+{%- if (cookiecutter.framework == "pytorch" and cookiecutter.launcher == "torchrun") or (cookiecutter.framework == "paddle" and cookiecutter.launcher != "spawn") %}
+#   NNODES=MIN:MAX  an elastic job: it goes on from the last save when machines are lost, down to MIN{{ ", meeting in etcd" if cookiecutter.framework == "paddle" }}
+{%- if cookiecutter.framework == "paddle" %}
+#   ETCD_ENDPOINT   HOST:PORT of the etcd server an elastic job meets in (pip install etcd3)
+{%- endif %}
+#   JOB_ID          an elastic job's name, the same on every machine (default: the package's and MASTER_PORT)
+#   MAX_RESTARTS    an elastic job's restarts after a failure or a lost machine before it gives up (default 3)
+{%- endif %}
 {%- else %}
 #   MASTER_PORT     (default: a free port is picked)
 {%- endif %}
@@ -109,9 +117,18 @@ launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level
 if ((NNODES > 1)); then
   # (Simulating machines on one, start machine 0 first or together: there any of them may host the master.)
   log_dir+="/node${NODE_RANK:-$(hostname)}"
-  launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES")
-  if [[ -n ${NODE_RANK:-} ]]; then # else the master numbers the machines, its own first (a PaddleJob)
-    launch_args+=(--rank "$NODE_RANK")
+  if [[ -n ${MIN_NNODES:-} ]]; then
+    # An elastic job: the machines meet in etcd, which numbers them again at every restart; a lost machine's
+    # peers go on elastic_timeout seconds after its heartbeat stops. etcd3's generated code needs protobuf's
+    # pure-Python parser.
+    launch_args+=(--master "etcd://$ETCD_ENDPOINT" --nnodes "$MIN_NNODES:$NNODES" --job_id "$ELASTIC_JOB_ID"
+      --elastic_level 1 --elastic_timeout 10 --max_restart "${MAX_RESTARTS:-3}")
+    export ELASTIC_JOB_ID PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
+  else
+    launch_args+=(--master "$MASTER_ADDR:$MASTER_PORT" --nnodes "$NNODES")
+    if [[ -n ${NODE_RANK:-} ]]; then # else the master numbers the machines, its own first (a PaddleJob)
+      launch_args+=(--rank "$NODE_RANK")
+    fi
   fi
   export JOIN_TIMEOUT
 fi

@@ -75,9 +75,9 @@ def batch_refusal(global_batch: int | None, batch_size: int, nproc: int, fewest:
 
 
 def job_name(env: Mapping[str, str], package: str, port: int | None) -> str:
-    """The elastic job's name, the same on every machine: JOB_ID, else the project's and MASTER_PORT's (two jobs
-    cannot share a port; with Paddle the name keeps jobs apart in etcd, and nothing else does)."""
-    return env.get("JOB_ID") or f"{package}-{port}"
+    """The elastic job's name, the same on every machine: JOB_ID, a Kubeflow job's name, else the project's and
+    MASTER_PORT's (two jobs cannot share a port; with Paddle the name keeps jobs apart in etcd, nothing else does)."""
+    return env.get("JOB_ID") or env.get("PET_RDZV_ID") or env.get("PADDLE_JOB_ID") or f"{package}-{port}"
 
 
 def job_id() -> str | None:

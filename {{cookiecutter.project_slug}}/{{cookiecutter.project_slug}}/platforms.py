@@ -335,16 +335,16 @@ def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
     master = layout.master_addr if master_ip == layout.master_addr else f"{layout.master_addr} ({master_ip})"
     port = "a free port" if layout.master_port is None else f"port {layout.master_port}"
     processes = "process" if layout.nproc == 1 else "processes"
-    machines = str(layout.nnodes)
+    machines, meeting = str(layout.nnodes), f"master {master}, {port}"
     if layout.min_nnodes is not None:
         job = elastic.job_name(os.environ, __package__, layout.master_port)
         machine = "(numbered by the rendezvous)"
         machines = f"{layout.min_nnodes} to {layout.nnodes} (elastic, job {job})"
         if etcd := elastic.etcd_endpoint(os.environ):
-            master, port = f"etcd {etcd}", "its keys"
+            meeting = f"master etcd {etcd}"
     return (
         f"platform: {layout.platform}; machine {machine} of {machines}; {layout.nproc} {processes} per machine; "
-        f"master {master}, {port}; outputs in {os.path.abspath(output_dir)}"
+        f"{meeting}; outputs in {os.path.abspath(output_dir)}"
     )
 
 
@@ -367,8 +367,12 @@ def main(argv: list[str]) -> None:
         layout = decide(env, gpus)
         check_gpus(layout.nproc, gpus, args.device)
         check = script != "predict.py" and args.check
-        if check:  # a preflight meets all the machines (NNODES's most), as a fixed job would
+        if check and layout.min_nnodes is not None:  # a preflight meets all (NNODES's most), as a fixed job would
             layout = layout._replace(min_nnodes=None)
+            if layout.node_rank is None and not MASTER_NUMBERS_MACHINES:
+                raise PlatformError(
+                    "--check meets every machine as a fixed job: set NODE_RANK on each, 0 on MASTER_ADDR's"
+                )
         elif script != "predict.py" and layout.min_nnodes is not None:
             sizes = (layout.nproc, layout.min_nnodes, layout.nnodes)
             if why := elastic.batch_refusal(args.global_batch_size, args.batch_size, *sizes):

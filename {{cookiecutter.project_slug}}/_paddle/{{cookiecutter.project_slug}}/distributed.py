@@ -149,7 +149,9 @@ def _store_without_nagle(endpoint: str) -> None:
         with contextlib.suppress(OSError):  # not connected (a listening socket), or closed meanwhile
             if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
                 with socket.socket(fileno=os.dup(int(name))) as connection:
-                    tcp = connection.family in (socket.AF_INET, socket.AF_INET6) and connection.type == socket.SOCK_STREAM
+                    tcp = (
+                        connection.family in (socket.AF_INET, socket.AF_INET6) and connection.type == socket.SOCK_STREAM
+                    )
                     if tcp and port in (connection.getsockname()[1], connection.getpeername()[1]):
                         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 

@@ -32,9 +32,9 @@ def main() -> None:
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
     if join_timeout > 0:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
-        roll = RollCall(int(_flag("--nnodes", "1")))
+        roll = RollCall(int(_flag("--nnodes", "1").rpartition(":")[2]))  # an elastic job's: its most machines
         threading.Thread(target=_give_up_unless_started, args=(first_log, join_timeout, roll), daemon=True).start()
-        if roll.nnodes > 1 and _flag("--rank", "") == "0":
+        if roll.nnodes > 1 and _flag("--rank", "") == "0":  # not in an elastic job: etcd numbers its machines
             threading.Thread(target=roll.watch, args=(_machines_at_the_master, join_timeout), daemon=True).start()
     from paddle.distributed.launch.job.container import Container
     from paddle.distributed.launch.job.pod import Pod
