@@ -34,6 +34,7 @@ SHARED_PACKAGE = {
     "kernel_ranks",
     "seam",
     "dealing",
+    "stalled_ranks",  # a collective that timed out: which ranks stopped answering
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -66,6 +67,7 @@ SHARED_TESTS = {
     "test_resume_flags.py",
     "test_folder_lock.py",
     "test_disk_full.py",
+    "test_stalled_ranks.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {
