@@ -35,6 +35,7 @@ SHARED_PACKAGE = {
     "kernel_ranks",
     "seam",
     "dealing",
+    "stalled_ranks",  # a collective that timed out: which ranks stopped answering
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -67,6 +68,7 @@ SHARED_TESTS = {
     "test_resume_flags.py",
     "test_folder_lock.py",
     "test_disk_full.py",
+    "test_stalled_ranks.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {

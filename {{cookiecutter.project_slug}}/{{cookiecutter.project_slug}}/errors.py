@@ -9,6 +9,9 @@ import sys
 STOPPED_STATUS = 143
 # `run.sh --check` found problems, each already said in its own `error:` line: the launcher adds none.
 CHECK_FAILED_STATUS = 3
+# A collective timed out because a rank stopped answering (stalled_ranks.py): one `error:` line names the step and
+# the rank; the launcher adds none (its own would name a rank that waited, not the one that stopped).
+COLLECTIVE_TIMEOUT_STATUS = 4
 
 
 def more_processes_than_gpus(processes: int, gpus: int) -> str:
@@ -51,6 +54,8 @@ class UserError(Exception):
     shown=False: the other ranks of a job where every rank meets the same error end quietly, rank 0 says it.
     """
 
+    status = 1  # the process's exit status
+
     def __init__(self, message: str, shown: bool = True):
         super().__init__(message)
         self.shown = shown
@@ -79,7 +84,7 @@ def out_of_memory_is_a_user_error(out_of_memory: type[BaseException]):
 
 
 def explain_user_errors(train):
-    """Wrap train(args): a UserError ends this process with its one-line message and exit status 1."""
+    """Wrap train(args): a UserError ends this process with its one-line message and its status (1 mostly)."""
 
     @functools.wraps(train)  # keeps its name, so spawn can still pickle it by reference
     def train_or_explain(args) -> None:
@@ -90,6 +95,6 @@ def explain_user_errors(train):
                 # One write per line: the ranks print at the same moment, and must not interleave.
                 sys.stderr.write(f"error: {error}\n")
                 sys.stderr.flush()
-            sys.exit(1)
+            sys.exit(error.status)
 
     return train_or_explain

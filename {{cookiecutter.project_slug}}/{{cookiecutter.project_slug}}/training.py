@@ -103,10 +103,11 @@ def train(args) -> None:
                     amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints,
                 )  # fmt: skip
                 scheduler.step()
-                val_stats = engine.evaluate(model, val_loader, env, amp_dtype)
-                tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-                checkpoints.end_epoch(epoch, val_stats)
-                stop.after_epoch(env, epoch, args.epochs)
+                with engine.collective_timeouts(f"epoch {epoch}'s validation and save", env):
+                    val_stats = engine.evaluate(model, val_loader, env, amp_dtype)
+                    tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
+                    checkpoints.end_epoch(epoch, val_stats)
+                    stop.after_epoch(env, epoch, args.epochs)
             checkpoints.wait_for_save()
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)

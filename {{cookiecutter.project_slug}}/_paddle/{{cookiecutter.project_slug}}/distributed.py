@@ -32,7 +32,7 @@ from paddle.distributed import fleet
 
 from . import hardware, sharding
 from .child_processes import die_with_parent
-from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
+from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
@@ -363,12 +363,11 @@ def launch(worker, args) -> None:
         while not ranks.join():
             pass
     except Exception as error:  # spawn raises a bare Exception naming the worker that failed
-        if f"exit code {STOPPED_STATUS}." in str(error):  # stopped by SIGTERM, and has said where
-            sys.exit(STOPPED_STATUS)
-        # A worker that exited with status 1 has printed its own error; anything else comes with its traceback.
-        if "exit code 1." not in str(error):
+        # Stopped by SIGTERM, a collective that timed out, a UserError (1): the worker said it, its status is the job's.
+        said = [code for code in (STOPPED_STATUS, COLLECTIVE_TIMEOUT_STATUS, 1) if f"exit code {code}." in str(error)]
+        if not said:  # anything else comes with its traceback
             print(error, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(said[0] if said else 1)
 
 
 def _forward(signum: int, processes) -> None:

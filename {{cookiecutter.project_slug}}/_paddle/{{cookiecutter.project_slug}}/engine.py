@@ -9,15 +9,19 @@ device and is read every --log-every steps only.
 import contextlib
 import logging
 import math
+import os
 import random
+import re
+from collections.abc import Callable
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddle.base import core
 from paddle.io import DataLoader
 from paddle.io.dataloader.collate import default_collate_fn
 
-from . import distributed, hardware, loaders, seam, sharding, task
+from . import distributed, hardware, loaders, seam, sharding, stalled_ranks, task
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
@@ -59,40 +63,70 @@ def train_one_epoch(
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     clip_here = clip_grad_norm is not None and not sharding.clips_in_step(optimizer, clip_grad_norm)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
-    for step, batch in enumerate(batches, start + 1):
-        batch = loaders.to_device(batch, env.device)
-        # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
-        steps_now = (step - start) % grad_accum == 0 or step == steps
-        # Gradients are all-reduced only on the micro-batch that steps the optimizer (sharding's step reduces them).
-        sync = model.no_sync() if not steps_now and hasattr(model, "no_sync") else contextlib.nullcontext()
-        with sync:
-            with _autocast(amp_dtype), seam.calling("training_loss", batch):
-                loss = seam.checked_loss(task.training_loss(model, batch), batch)
-            scaler.scale(loss / grad_accum).backward()
-        if steps_now:
-            if clip_here:
-                scaler.unscale_(optimizer)  # the norm of the true gradients, not of the scaled ones
-                paddle.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.clear_grad()
-        count = seam.sample_count(batch)
-        loss_sum += loss.detach().astype("float32").reshape([]) * count
-        seen += count
-        loss_log.step(step, loss_sum, seen)
-        if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
-            stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
-            if stopping or (saves is not None and saves.due((step - start) // grad_accum)):
-                here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - start))
-                if stopping:
-                    raise Stopped(epoch, here)
-                saves.save_progress(here)
-    total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
+    step = start
+    # A rank that stopped answering: the error names the epoch and the step the others waited in.
+    with collective_timeouts(lambda: f"epoch {epoch} step {step}/{steps}", env):
+        for step, batch in enumerate(batches, start + 1):
+            batch = loaders.to_device(batch, env.device)
+            # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
+            steps_now = (step - start) % grad_accum == 0 or step == steps
+            # Gradients are all-reduced only on the micro-batch that steps the optimizer (sharding's step reduces them).
+            sync = model.no_sync() if not steps_now and hasattr(model, "no_sync") else contextlib.nullcontext()
+            with sync:
+                with _autocast(amp_dtype), seam.calling("training_loss", batch):
+                    loss = seam.checked_loss(task.training_loss(model, batch), batch)
+                scaler.scale(loss / grad_accum).backward()
+            if steps_now:
+                if clip_here:
+                    scaler.unscale_(optimizer)  # the norm of the true gradients, not of the scaled ones
+                    paddle.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.clear_grad()
+            count = seam.sample_count(batch)
+            loss_sum += loss.detach().astype("float32").reshape([]) * count
+            seen += count
+            loss_log.step(step, loss_sum, seen)
+            if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
+                stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
+                if stopping or (saves is not None and saves.due((step - start) // grad_accum)):
+                    here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - start))
+                    if stopping:
+                        raise Stopped(epoch, here)
+                    saves.save_progress(here)
+        total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
     if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
         raise Diverged(epoch, steps, shown=env.is_main)
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
     samples = int(total_seen) - sampler.padding
     return {"loss": total_loss / total_seen, "samples": samples, "lr": lr, "data_wait": watch.data_wait}
+
+
+@contextlib.contextmanager
+def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
+    """A collective of the block that gives up because a rank stopped answering ends this rank in stalled_ranks'
+    one error line: `where` (the epoch and step; a callable is asked then, as a loop's step changes), and the
+    ranks that stopped answering.
+
+    On CPUs paddle's gloo gives up after its fixed 30 s, whatever --dist-timeout says (PADDLE_PG_TIMEOUT is
+    NCCL's). Where it gives up in a Python call (a vote, an evaluation, a save) it raises RuntimeError; in the
+    gradients' all-reduce inside backward() it ends the process in C++ (std::terminate, SIGABRT): launcher.py
+    says that in one line instead.
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if env.world_size == 1 or not re.search("timeout|timed out", str(error), re.IGNORECASE):
+            raise
+        if env.on_gpu:
+            limit = f"--dist-timeout {int(os.environ['PADDLE_PG_TIMEOUT']) / 1000:g} s"  # as setup() set it
+            remedy = "raise --dist-timeout if a rank may rightly take longer"
+        else:
+            limit = f"paddle's {distributed._GLOO_LIMIT_S} s"
+            remedy = "on CPUs paddle gives up after gloo's fixed limit, whatever --dist-timeout says"
+        add = core.create_or_get_global_tcp_store().add  # the store init_parallel_env() met at
+        place = where() if callable(where) else where
+        raise stalled_ranks.explained(place, limit, remedy, env.rank, env.world_size, add) from None
 
 
 @out_of_memory_is_a_user_error(MemoryError)

@@ -6,6 +6,7 @@ Once every machine has joined, it starts the workers, and the first one's log, D
 appears; if that has not happened JOIN_TIMEOUT seconds after the start, a machine is missing. Meanwhile
 machine 0 says which machines the master has not heard from (roll_call.py), and the error names them.
 A failed job ends with the status of the worker that failed, not of one that the launcher then stopped.
+A collective that timed out ends in one line (stalled_ranks.py), also where paddle ended the worker in C++.
 """
 
 import logging
@@ -16,19 +17,22 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
+from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
 from .roll_call import RollCall
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
 # after a save on SIGTERM. (A worker that the kernel's OOM killer ends looks the same.)
 _STOPPED_BY_THE_LAUNCHER = (STOPPED_STATUS, -signal.SIGTERM, -signal.SIGKILL)
+# paddle's gloo gives up on a collective after a fixed 30 s. In the gradients' all-reduce, inside backward(), paddle
+# then ends the worker in C++ (std::terminate: a C++ report, SIGABRT) before Python can say where; the report's
+# first line names gloo's exception.
+_GLOO_GAVE_UP = "gloo::TimeoutException"
 
 
 def main() -> None:
     # While the machines gather, paddle logs each poll of the master (two a second) at INFO level.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    # A --check that found problems said each in its own line: paddle's "Container failed" report only repeats it.
-    logging.getLogger("LAUNCH").addFilter(lambda record: f" code {CHECK_FAILED_STATUS} " not in record.getMessage())
+    logging.getLogger("LAUNCH").addFilter(_not_said_already)
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
     if join_timeout > 0:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
@@ -43,18 +47,66 @@ def main() -> None:
     # When a process fails, paddle prints the tail of its log. Process 0's log is on the console already: its
     # error line would show twice.
     tail = Container.tail
-    Container.tail = lambda container, length=3000: None if container.rank == 0 else tail(container, length)
+    Container.tail = lambda c, length=3000: None if c.rank == 0 or _gave_up_in_cpp(c.errfile) else tail(c, length)
+    # Process 0's log comes to the console through this, up to a C++ report of gloo giving up (said in one line).
+    relay = Container.logs
+    Container.logs = lambda container, fn=None, *args, **kwargs: relay(container, fn or _CONSOLE, *args, **kwargs)
     # paddle ends with the status of the first worker, in rank order, that did not end with 0: often one that it
     # stopped itself after another had failed (-15, which the shell sees as 241), where the failure's own is wanted.
     paddles_status = Pod.exit_code.fget
     Pod.exit_code = property(lambda pod: _own_failure(pod) or paddles_status(pod))
-    launch()
+    try:
+        launch()
+    finally:
+        if any(_gave_up_in_cpp(log) for log in Path(_flag("--log_dir", ".")).glob("workerlog.*")):
+            sys.stderr.write(
+                "error: a collective timed out in a training step: a rank did not answer for paddle's 30 s (gloo's "
+                "fixed limit on CPUs, whatever --dist-timeout says), and paddle ended the ranks that waited, in the "
+                "gradients' all-reduce, before they could say which step or rank: check the machines and their "
+                "network (a process stopped, hung or out of memory, a machine down)\n"
+            )
 
 
 def _own_failure(pod) -> int:
-    """The status of the first worker, in rank order, that failed on its own; 0 where none did."""
-    statuses = (container.exit_code for container in pod.containers)
-    return next((status for status in statuses if status not in (0, *_STOPPED_BY_THE_LAUNCHER)), 0)
+    """The status of the first worker, in rank order, that failed on its own (COLLECTIVE_TIMEOUT_STATUS where
+    gloo gave up and paddle ended it in C++); 0 where none did."""
+    for container in pod.containers:
+        if container.exit_code not in (0, *_STOPPED_BY_THE_LAUNCHER):
+            return COLLECTIVE_TIMEOUT_STATUS if _gave_up_in_cpp(container.errfile) else container.exit_code
+    return 0
+
+
+def _gave_up_in_cpp(log) -> bool:
+    """Whether a worker's log (its path) ends in paddle's C++ report of a collective that gloo gave up on."""
+    try:
+        with open(log, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - 8192))
+            return _GLOO_GAVE_UP.encode() in file.read()
+    except (OSError, TypeError):  # no log (yet), or none named
+        return False
+
+
+def _not_said_already(record) -> bool:
+    """False for paddle's "Container failed" report where the worker said it already: each problem of a --check in
+    its own line, a collective that timed out in one (or the launcher does, after paddle's C++ report)."""
+    message = record.getMessage()
+    said = any(f" code {status} " in message for status in (CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS))
+    aborted = f" code {-signal.SIGABRT} " in message and _gave_up_in_cpp(message.rpartition(" log ")[2].strip())
+    return not (said or aborted)
+
+
+class _Console:
+    """What paddle copies from process 0's log: to stdout, up to a C++ report of gloo giving up."""
+
+    cut = False
+
+    def write(self, line: str) -> None:
+        self.cut = self.cut or _GLOO_GAVE_UP in line
+        if not self.cut:
+            sys.stdout.write(line)
+
+
+_CONSOLE = _Console()
 
 
 def _flag(name: str, default: str) -> str:

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import fsdp, hardware, store_roll_call
 from .child_processes import die_with_parent
-from .errors import STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
+from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
@@ -111,6 +111,10 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         # torchrun starts each rank in a session of its own: a launcher killed outright (kill -9 of run.sh's
         # process group, as a test or a user does) would leave its ranks training on, holding the folder.
         die_with_parent(os.getppid())
+        # NCCL's watchdog, when a collective passes --dist-timeout, aborts the communicator and leaves the process
+        # to raise at its next collective (engine.collective_timeouts() says it in one line) rather than end it with
+        # a C++ report. Read at init_process_group(); torchrun passes on what launcher.py set.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         roll = _roll_call(rank, local_rank, timeout_s)
         try:
             dist.init_process_group(
@@ -277,7 +281,7 @@ def launch(worker, args) -> None:
             pass
     except mp.ProcessExitedException as exited:
         # The ranks have already printed why: their error, or where they stopped.
-        sys.exit(STOPPED_STATUS if exited.exit_code == STOPPED_STATUS else 1)
+        sys.exit(exited.exit_code if exited.exit_code in (STOPPED_STATUS, COLLECTIVE_TIMEOUT_STATUS) else 1)
     except mp.ProcessRaisedException:
         sys.exit(1)  # each failed rank printed its own traceback (_spawned)
 

@@ -10,13 +10,15 @@ import logging
 import math
 import os
 import random
+import re
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from . import distributed, fsdp, hardware, loaders, seam, task
+from . import distributed, fsdp, hardware, loaders, seam, stalled_ranks, task
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
@@ -57,39 +59,64 @@ def train_one_epoch(
     loss_log = LossLog(env.is_main, epoch, steps, grad_accum, log_every, tracker)
     watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
     batches = progress_bar(watch.batches(loader), env.is_main, f"epoch {epoch}", total=len(loader))
-    for step, batch in enumerate(batches, start + 1):
-        batch = loaders.to_device(batch, env.device)
-        # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
-        steps_now = (step - start) % grad_accum == 0 or step == steps
-        # Gradients are reduced only on the micro-batch that steps the optimizer.
-        with _gradient_sync(model, steps_now):
-            with _autocast(env, amp_dtype), seam.calling("training_loss", batch):
-                loss = seam.checked_loss(task.training_loss(model, batch), batch)
-            scaler.scale(loss / grad_accum).backward()
-        if steps_now:
-            if clip_grad_norm is not None:
-                scaler.unscale_(optimizer)  # the norm of the true gradients, not of the scaled ones
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-        count = seam.sample_count(batch)
-        loss_sum += loss.detach().float() * count
-        seen += count
-        loss_log.step(step, loss_sum, seen)
-        if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
-            stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
-            if stopping or (saves is not None and saves.due((step - start) // grad_accum)):
-                here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - start))
-                if stopping:
-                    raise Stopped(epoch, here)
-                saves.save_progress(here)
-    total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
+    step = start
+    # A rank that stopped answering: the error names the epoch and the step the others waited in.
+    with collective_timeouts(lambda: f"epoch {epoch} step {step}/{steps}", env):
+        for step, batch in enumerate(batches, start + 1):
+            batch = loaders.to_device(batch, env.device)
+            # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
+            steps_now = (step - start) % grad_accum == 0 or step == steps
+            # Gradients are reduced only on the micro-batch that steps the optimizer.
+            with _gradient_sync(model, steps_now):
+                with _autocast(env, amp_dtype), seam.calling("training_loss", batch):
+                    loss = seam.checked_loss(task.training_loss(model, batch), batch)
+                scaler.scale(loss / grad_accum).backward()
+            if steps_now:
+                if clip_grad_norm is not None:
+                    scaler.unscale_(optimizer)  # the norm of the true gradients, not of the scaled ones
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            count = seam.sample_count(batch)
+            loss_sum += loss.detach().float() * count
+            seen += count
+            loss_log.step(step, loss_sum, seen)
+            if steps_now and step < steps:  # the last step needs neither: the epoch's own save and vote follow it
+                stopping = stop.stop_now(env, loss_sum=loss_sum, where=(epoch, step))
+                if stopping or (saves is not None and saves.due((step - start) // grad_accum)):
+                    here = EpochProgress(step, loss_sum.item(), seen, sampler.consumed_after(step - start))
+                    if stopping:
+                        raise Stopped(epoch, here)
+                    saves.save_progress(here)
+        total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
     if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
         raise Diverged(epoch, steps, shown=env.is_main)
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
     samples = int(total_seen) - sampler.padding
     return {"loss": total_loss / total_seen, "samples": samples, "lr": lr, "data_wait": watch.data_wait}
+
+
+@contextlib.contextmanager
+def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
+    """A collective of the block that gives up after --dist-timeout, because a rank stopped answering, ends this
+    rank in stalled_ranks' one error line: `where` (the epoch and step; a callable is asked then, as a loop's step
+    changes), and the ranks that stopped answering.
+
+    gloo raises the timeout in the call that waited. NCCL's watchdog, under TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+    (distributed.setup() and launcher.py set it unless it is set), aborts the communicator rather than the whole
+    process, and the next collective raises it: the step named may be the one after the step that waited.
+    """
+    try:
+        yield
+    except RuntimeError as error:  # gloo's own, or NCCL's DistBackendError
+        if env.world_size == 1 or not re.search("timed out|timing out", str(error), re.IGNORECASE):
+            raise
+        store = dist.distributed_c10d._get_default_store()  # the process group's own: torch has no public getter
+        limit = f"--dist-timeout {store.timeout.total_seconds():g} s"  # the group's timeout is its store's
+        remedy = "raise --dist-timeout if a rank may rightly take longer"
+        place = where() if callable(where) else where
+        raise stalled_ranks.explained(place, limit, remedy, env.rank, env.world_size, store.add) from None
 
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)

@@ -11,6 +11,7 @@ While the machines gather, machine 0's launcher says every 30 s which machines i
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 
@@ -20,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 
 from . import store_roll_call
-from .errors import CHECK_FAILED_STATUS, STOPPED_STATUS
+from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
 from .roll_call import RollCall
 from .settings import LAUNCHER
 
@@ -37,6 +38,9 @@ def main() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    # torchrun gives its workers 1 (a collective that times out ends the process in a C++ report) where it is unset:
+    # 2, as distributed.setup() wants, unless the user chose.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     flags = _flags(sys.argv[1:])
     roll = _start_roll_call(flags)
     try:
@@ -46,8 +50,9 @@ def main() -> None:
         sys.exit(STOPPED_STATUS)
     except ChildFailedError as failure:
         rank, first = failure.get_first_failure()
-        # The workers were signalled themselves (SLURM signals every process), or said each problem of a --check.
-        if first.exitcode in (STOPPED_STATUS, CHECK_FAILED_STATUS):
+        # The workers were signalled themselves (SLURM signals every process), said each problem of a --check, or
+        # said once that a collective timed out (the first to fail is one that waited, not the one that stopped).
+        if first.exitcode in (STOPPED_STATUS, CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS):
             sys.exit(first.exitcode)
         how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
