@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import elastic
 from .errors import COLLECTIVE_TIMEOUT_STATUS, UserError
 
 CHECK_IN_S = 5.0  # ranks that wait in the same collective give up within this of each other
@@ -41,6 +42,21 @@ def explained(
         f"a collective timed out in {where}: {who} for {limit}: {check} (a process stopped, hung or out of memory, "
         f"a machine down); {remedy}",
         shown=first,
+    )
+
+
+def peer_gone(where: str, shown: bool) -> CollectiveTimedOut:
+    """The error of a rank whose collective in `where` lost its connection to another rank: that rank's process, or
+    its machine, is gone (said once per machine: `shown`)."""
+    then = (
+        "the elastic job restarts from the last save"
+        if elastic.job_id()
+        else "the job stops; run it again to resume from the last save (an elastic job, NNODES=MIN:MAX, goes on)"
+    )
+    return CollectiveTimedOut(
+        f"a collective failed in {where}: another rank closed its connection (its process or its machine is gone, "
+        f"its own error, if any, is in its log); {then}",
+        shown=shown,
     )
 
 

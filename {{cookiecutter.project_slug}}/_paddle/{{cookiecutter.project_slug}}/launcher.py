@@ -50,7 +50,7 @@ def main() -> None:
     Container.tail = lambda c, length=3000: None if c.rank == 0 or _gave_up_in_cpp(c.errfile) else tail(c, length)
     # Process 0's log comes to the console through this, up to a C++ report of gloo giving up (said in one line).
     relay = Container.logs
-    Container.logs = lambda container, fn=None, *args, **kwargs: relay(container, fn or _CONSOLE, *args, **kwargs)
+    Container.logs = lambda one, fn=None, *args, **kwargs: relay(one, fn or _CONSOLE.of(one), *args, **kwargs)
     # paddle ends with the status of the first worker, in rank order, that did not end with 0: often one that it
     # stopped itself after another had failed (-15, which the shell sees as 241), where the failure's own is wanted.
     paddles_status = Pod.exit_code.fget
@@ -96,9 +96,15 @@ def _not_said_already(record) -> bool:
 
 
 class _Console:
-    """What paddle copies from process 0's log: to stdout, up to a C++ report of gloo giving up."""
+    """What paddle copies from process 0's log: to stdout, up to a C++ report of gloo giving up (until an elastic
+    job's restart starts process 0 again)."""
 
-    cut = False
+    container, cut = None, False
+
+    def of(self, container) -> "_Console":
+        if container is not self.container:
+            self.container, self.cut = container, False
+        return self
 
     def write(self, line: str) -> None:
         self.cut = self.cut or _GLOO_GAVE_UP in line

@@ -101,7 +101,8 @@ def train_one_epoch(
 def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
     """A collective of the block that gives up after --dist-timeout, because a rank stopped answering, ends this
     rank in stalled_ranks' one error line: `where` (the epoch and step; a callable is asked then, as a loop's step
-    changes), and the ranks that stopped answering.
+    changes), and the ranks that stopped answering. A rank whose process or machine is gone (gloo: the connection
+    closed) ends the others in one line too: an elastic job's launcher then restarts them.
 
     gloo raises the timeout in the call that waited. NCCL's watchdog, under TORCH_NCCL_ASYNC_ERROR_HANDLING=2
     (distributed.setup() and launcher.py set it unless it is set), aborts the communicator rather than the whole
@@ -110,12 +111,14 @@ def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
     try:
         yield
     except RuntimeError as error:  # gloo's own, or NCCL's DistBackendError
+        place = where() if callable(where) else where
+        if env.world_size > 1 and re.search("Connection (closed|reset) by peer", str(error)):  # gloo: a rank is gone
+            raise stalled_ranks.peer_gone(place, shown=env.local_rank == 0) from None
         if env.world_size == 1 or not re.search("timed out|timing out", str(error), re.IGNORECASE):
             raise
         store = dist.distributed_c10d._get_default_store()  # the process group's own: torch has no public getter
         limit = f"--dist-timeout {store.timeout.total_seconds():g} s"  # the group's timeout is its store's
         remedy = "raise --dist-timeout if a rank may rightly take longer"
-        place = where() if callable(where) else where
         raise stalled_ranks.explained(place, limit, remedy, env.rank, env.world_size, store.add) from None
 
 
