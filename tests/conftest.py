@@ -14,6 +14,20 @@ TEMPLATE = Path(__file__).resolve().parent.parent
 QUESTIONS = json.loads((TEMPLATE / "cookiecutter.json").read_text(encoding="utf-8"))
 CHOICES = ("framework", "nodes", "dataset", "install_requirements", "paddle_api")
 
+# The end of model.py in a test that stops or loses a job part-way through an epoch: every step 50 ms longer.
+SLOW_STEPS = """
+
+import time
+
+_build_model = build_model
+
+
+def build_model(num_classes):  # noqa: F811 - a test slows every step
+    model = _build_model(num_classes)
+    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.05))
+    return model
+"""
+
 
 def load_hook(name: str):
     """A hook of the template as a module (its Jinja sits in a string under `if __name__ == "__main__"`)."""

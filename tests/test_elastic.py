@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tool_env
+from conftest import SLOW_STEPS, tool_env
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 8
+EPOCHS = 10  # of 50 ms steps (SLOW_STEPS): machine 1 comes back and joins while machine 0 still trains alone
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +87,8 @@ def lose(machine: subprocess.Popen) -> None:
 @pytest.mark.parametrize("framework", ["pytorch", "paddle"])
 def test_an_elastic_job_loses_a_machine_mid_epoch_goes_on_alone_and_takes_it_back(bake, tmp_path, framework, request):
     machine0 = bake(nodes="multi", framework=framework)
+    with (machine0 / "model.py").open("a") as model:
+        model.write(SLOW_STEPS)
     machine1 = tmp_path / "machine1"
     shutil.copytree(machine0, machine1)
     shared = tmp_path / "shared"  # the output folder both machines see (a network file system)
@@ -101,20 +103,20 @@ def test_an_elastic_job_loses_a_machine_mid_epoch_goes_on_alone_and_takes_it_bac
             stdout=open(tmp_path / log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
-    first = start(machine0, 0, "machine0.log")
-    if framework == "pytorch":  # on one host every machine is MASTER_ADDR's: the first to listen hosts the rendezvous
-        wait_until(lambda: port_answers(int(env["MASTER_PORT"])), 60, "machine 0's rendezvous")
-    second = start(machine1, 1, "machine1.log")
+    jobs = [start(machine0, 0, "machine0.log")]
     try:
+        # On one host every machine is MASTER_ADDR's: the first to listen hosts the rendezvous, as machine 0 does.
+        if framework == "pytorch":
+            wait_until(lambda: port_answers(int(env["MASTER_PORT"])), 60, "machine 0's rendezvous")
+        jobs.append(start(machine1, 1, "machine1.log"))
         wait_until(lambda: len(epochs_logged(shared)) >= 1, 120, "a first epoch")
         time.sleep(1.0)  # into the next epoch, past a step save
-        lose(second)
-        wait_until(lambda: any(e["world_size"] == 1 for e in epochs_logged(shared)), 120, "an epoch on machine 0 alone")
-        back = start(machine1, 1, "machine1-back.log")
-        status = first.wait(timeout=240)
-        back_status = back.wait(timeout=60)
+        lose(jobs[1])
+        wait_until(lambda: any(e["world_size"] == 1 for e in epochs_logged(shared)), 180, "an epoch on machine 0 alone")
+        jobs.append(start(machine1, 1, "machine1-back.log"))
+        status, back_status = jobs[0].wait(timeout=400), jobs[2].wait(timeout=60)
     finally:
-        for job in (first, second):
+        for job in jobs:
             if job.poll() is None:
                 lose(job)
     console = (tmp_path / "machine0.log").read_text()

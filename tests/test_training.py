@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, TEMPLATE, run, tool_env
+from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, SLOW_STEPS, TEMPLATE, run, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -466,18 +466,6 @@ def test_a_job_killed_at_any_moment_resumes_to_the_same_results(bake, tmp_path, 
             assert "resumed from" in (output / "train.log").read_text(encoding="utf-8")
 
 
-SLOW_STEPS = """
-
-import time
-
-_build_model = build_model
-
-
-def build_model(num_classes):  # noqa: F811 - a test slows every step, to stop a job part-way through an epoch
-    model = _build_model(num_classes)
-    model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.05))
-    return model
-"""
 STOP_ARGS = ["--epochs", "1", "--batch-size", "16", "--log-every", "1"]
 SLOW_SAVES = """
 
