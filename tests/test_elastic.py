@@ -136,3 +136,27 @@ def test_an_elastic_job_loses_a_machine_mid_epoch_goes_on_alone_and_takes_it_bac
     assert "world size 1 (the save's was 2: machine(s) lost)" in restarts[0]
     assert "world size 2 (the save's was 1: machine(s) joined)" in restarts[1]
     assert log.count("done: best val_acc") == 1
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "paddle"])
+def test_an_elastic_job_short_of_its_fewest_machines_says_so_while_it_waits_and_stops_at_join_timeout(
+    bake, framework, request
+):
+    project = bake(nodes="multi", framework=framework, dataset="synthetic")
+    env = {"NNODES": "2:3", "NODE_RANK": "0", "MASTER_PORT": str(free_port()), "JOIN_TIMEOUT": "12"}
+    if framework == "paddle":
+        env["ETCD_ENDPOINT"] = request.getfixturevalue("etcd")
+    started = time.monotonic()
+
+    result = subprocess.run(
+        ["bash", "run.sh"], cwd=project, env=tool_env(NPROC_PER_NODE="1", **env), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+    assert result.returncode == 1 and time.monotonic() - started < 40, result.stderr[-3000:]
+    assert "waiting for at least 2 machine(s) of this elastic job to meet (" in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert (
+        errors == [errors[0]]
+        and "fewer than 2 machine(s) of this elastic job met within JOIN_TIMEOUT=12 s" in errors[0]
+    )

@@ -1,4 +1,5 @@
-"""No silent wait: while the machines of a job gather, machine 0 says which ones it still waits for.
+"""No silent wait: while the machines of a job gather, machine 0 says which ones it still waits for (an elastic
+job, whose machines have no number yet: how many).
 
 Each launcher (launcher.py) knows, in its own way, which machines have come: paddle's master holds one key per
 machine, torchrun's store holds the one each machine's launcher writes. It hands a `present` function to
@@ -48,3 +49,20 @@ class RollCall:
         """The NODE_RANK of each machine that has not come: "machine 1 of 2", "machines 1, 3 of 4"."""
         noun = "machine" if len(self.missing) == 1 else "machines"
         return f"{noun} {', '.join(map(str, self.missing))} of {self.nnodes}"
+
+
+def say_while_meeting(met: Callable[[], bool], fewest: int, join_timeout_s: float, poll_s: float = 1.0) -> None:
+    """An elastic job's machines are numbered only once they meet, so none can be named: until `met()`, say every
+    REPORT_EVERY_S (the first after FIRST_REPORT_S) how many the job waits for, up to JOIN_TIMEOUT."""
+    started = time.monotonic()
+    next_report = started + FIRST_REPORT_S
+    while not met() and time.monotonic() < started + join_timeout_s - QUIET_BEFORE_TIMEOUT_S:
+        now = time.monotonic()
+        if now >= next_report:
+            sys.stderr.write(
+                f"waiting for at least {fewest} machine(s) of this elastic job to meet ({now - started:.0f} s of "
+                f"JOIN_TIMEOUT={join_timeout_s:g} s)\n"
+            )
+            sys.stderr.flush()
+            next_report = now + REPORT_EVERY_S
+        time.sleep(poll_s)

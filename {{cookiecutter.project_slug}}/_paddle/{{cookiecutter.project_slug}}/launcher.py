@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
-from .roll_call import RollCall
+from .roll_call import RollCall, say_while_meeting
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
 # after a save on SIGTERM. (A worker that the kernel's OOM killer ends looks the same.)
@@ -34,10 +34,18 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("LAUNCH").addFilter(_not_said_already)
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
+    too_few: list[int] = []  # an elastic job's wait that ended without its fewest machines
     if join_timeout > 0:
         first_log = Path(sys.argv[sys.argv.index("--log_dir") + 1], "workerlog.0")
-        roll = RollCall(int(_flag("--nnodes", "1").rpartition(":")[2]))  # an elastic job's: its most machines
+        fewest, elastic, most = _flag("--nnodes", "1").partition(":")
+        roll = RollCall(int(most or fewest))
         threading.Thread(target=_give_up_unless_started, args=(first_log, join_timeout, roll), daemon=True).start()
+        if elastic:  # etcd numbers the machines once they meet: until then, how many the job waits for
+            threading.Thread(
+                target=say_while_meeting, args=(first_log.exists, int(fewest), join_timeout), daemon=True
+            ).start()
+        if elastic:
+            _wait_for_the_fewest(join_timeout, too_few)
         if roll.nnodes > 1 and _flag("--rank", "") == "0":  # not in an elastic job: etcd numbers its machines
             threading.Thread(target=roll.watch, args=(_machines_at_the_master, join_timeout), daemon=True).start()
     from paddle.distributed.launch.job.container import Container
@@ -57,6 +65,17 @@ def main() -> None:
     Pod.exit_code = property(lambda pod: _own_failure(pod) or paddles_status(pod))
     try:
         launch()
+    except SystemExit:
+        if too_few:  # a restart left fewer than the fewest, and none came within JOIN_TIMEOUT: paddle said status 0
+            sys.exit(_not_joined(join_timeout))
+        raise
+    except Exception as error:  # an elastic job's etcd, whose client (etcd3) raises its own errors
+        if not type(error).__module__.startswith("etcd3"):
+            raise
+        sys.exit(
+            f"error: the etcd server at {_flag('--master', '').removeprefix('etcd://')} did not answer "
+            f"({type(error).__name__}: {error}): start it, or set ETCD_ENDPOINT to one that this machine reaches"
+        )
     finally:
         if any(_gave_up_in_cpp(log) for log in Path(_flag("--log_dir", ".")).glob("workerlog.*")):
             sys.stderr.write(
@@ -133,15 +152,44 @@ def _give_up_unless_started(first_log: Path, join_timeout: float, roll: RollCall
     deadline = time.monotonic() + join_timeout
     while not first_log.exists():
         if time.monotonic() > deadline:
-            # Machine 0 knows which machines did not come; the others only that some did not.
-            missing = f" ({roll.named()} did not)" if _flag("--rank", "") == "0" and roll.missing else ""
-            sys.stderr.write(
-                f"error: the machines did not all join within JOIN_TIMEOUT={join_timeout:g} s{missing}: start run.sh "
-                "on every machine with the same NNODES, MASTER_ADDR and MASTER_PORT, or raise JOIN_TIMEOUT\n"
-            )
+            sys.stderr.write(_not_joined(join_timeout, roll) + "\n")
             sys.stderr.flush()
             os._exit(1)  # from this thread, while launch() waits in the main one; no worker has started yet
         time.sleep(0.5)
+
+
+def _not_joined(join_timeout: float, roll: RollCall | None = None) -> str:
+    fewest, elastic, _ = _flag("--nnodes", "1").partition(":")
+    if elastic:
+        return (
+            f"error: fewer than {fewest} machine(s) of this elastic job met within JOIN_TIMEOUT={join_timeout:g} s: "
+            "start run.sh on more of them, with the same NNODES, ETCD_ENDPOINT and JOB_ID, or raise JOIN_TIMEOUT"
+        )
+    # Machine 0 knows which machines did not come; the others only that some did not.
+    missing = f" ({roll.named()} did not)" if roll and _flag("--rank", "") == "0" and roll.missing else ""
+    return (
+        f"error: the machines did not all join within JOIN_TIMEOUT={join_timeout:g} s{missing}: start run.sh on "
+        "every machine with the same NNODES, MASTER_ADDR and MASTER_PORT, or raise JOIN_TIMEOUT"
+    )
+
+
+def _wait_for_the_fewest(join_timeout: float, failed: list[int]) -> None:
+    """Paddle's elastic launcher waits --elastic_timeout (also its wait after a loss, for stragglers) for its peers,
+    then gives up and ends with status 0: wait up to JOIN_TIMEOUT for the fewest; `failed` says a wait that did not
+    get them."""
+    from paddle.distributed.launch.controllers.master import ETCDMaster
+
+    wait = ETCDMaster.wait_peer_ready
+
+    def wait_peer_ready(master, fewest: int, most: int, timeout: float) -> tuple[bool, int]:
+        deadline = time.monotonic() + join_timeout
+        while True:
+            ready, count = wait(master, fewest, most, timeout)
+            if ready or time.monotonic() >= deadline or master.ctx.status.is_done():
+                failed.extend([] if ready else [count])
+                return ready, count
+
+    ETCDMaster.wait_peer_ready = wait_peer_ready
 
 
 if __name__ == "__main__":

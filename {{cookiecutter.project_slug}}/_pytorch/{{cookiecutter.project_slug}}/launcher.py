@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import warnings
 
 from torch.distributed import DistNetworkError, DistStoreError
@@ -22,7 +23,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTime
 
 from . import store_roll_call
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
-from .roll_call import RollCall
+from .roll_call import RollCall, say_while_meeting
 from .settings import LAUNCHER
 
 
@@ -58,10 +59,10 @@ def main() -> None:
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
     # An elastic job's rendezvous, hosted by machine 0's launcher: never met, or gone with that machine.
     except RendezvousTimeoutError:
-        fewest, timeout = flags.nnodes.partition(":")[0], flags.rdzv_conf.partition("join_timeout=")[2].split(",")[0]
         sys.exit(
-            f"error: fewer than {fewest} machine(s) of this elastic job met within JOIN_TIMEOUT={timeout} s: start "
-            "run.sh on more of them, with the same NNODES, MASTER_ADDR and MASTER_PORT, or raise JOIN_TIMEOUT"
+            f"error: fewer than {flags.machines} machine(s) of this elastic job met within JOIN_TIMEOUT="
+            f"{flags.join_timeout:g} s: start run.sh on more of them, with the same NNODES, MASTER_ADDR and "
+            "MASTER_PORT, or raise JOIN_TIMEOUT"
         )
     except RendezvousError as error:
         sys.exit(
@@ -85,15 +86,41 @@ def _flags(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--master_addr", "--master-addr")
     parser.add_argument("--master_port", "--master-port", type=int)
     parser.add_argument("--rdzv-conf", "--rdzv_conf", default="timeout=900")
-    return parser.parse_known_args(argv)[0]
+    flags = parser.parse_known_args(argv)[0]
+    conf = dict(item.partition("=")[::2] for item in flags.rdzv_conf.split(","))  # an elastic job's: join_timeout
+    flags.join_timeout = float(conf.get("join_timeout") or conf.get("timeout") or 900)
+    machines, flags.elastic, _ = flags.nnodes.partition(":")
+    flags.machines = int(machines)  # a fixed job's, an elastic job's fewest
+    return flags
 
 
 def _start_roll_call(flags: argparse.Namespace) -> RollCall | None:
-    """On a job of several machines: this machine's NODE_RANK into the store, and on machine 0 the watch."""
-    if not flags.nnodes.isdigit() or int(flags.nnodes) < 2:  # one machine, or an elastic job (numbered later)
+    """On a job of several machines: this machine's NODE_RANK into the store, and on machine 0 the watch; on an
+    elastic job's machines, until they first meet, how many it waits for."""
+    if flags.elastic:
+        _say_while_meeting(flags.machines, flags.join_timeout)
         return None
-    join_timeout = float(flags.rdzv_conf.partition("timeout=")[2] or 900)
-    return store_roll_call.start(flags.master_addr, flags.master_port, int(flags.nnodes), flags.node_rank, join_timeout)
+    if flags.machines < 2:
+        return None
+    return store_roll_call.start(
+        flags.master_addr, flags.master_port, flags.machines, flags.node_rank, flags.join_timeout
+    )
+
+
+def _say_while_meeting(fewest: int, join_timeout: float) -> None:
+    """roll_call.say_while_meeting() until torchrun's first rendezvous returns (its restarts meet quietly)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    meet, met = DynamicRendezvousHandler.next_rendezvous, threading.Event()
+
+    def next_rendezvous(handler):
+        try:
+            return meet(handler)
+        finally:
+            met.set()
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous
+    threading.Thread(target=say_while_meeting, args=(met.is_set, fewest, join_timeout), daemon=True).start()
 
 
 if __name__ == "__main__":
