@@ -143,7 +143,7 @@ def test_an_elastic_job_short_of_its_fewest_machines_says_so_while_it_waits_and_
     bake, framework, request
 ):
     project = bake(nodes="multi", framework=framework, dataset="synthetic")
-    env = {"NNODES": "2:3", "NODE_RANK": "0", "MASTER_PORT": str(free_port()), "JOIN_TIMEOUT": "12"}
+    env = {"NNODES": "2:3", "NODE_RANK": "0", "MASTER_PORT": str(free_port()), "JOIN_TIMEOUT": "8"}
     if framework == "paddle":
         env["ETCD_ENDPOINT"] = request.getfixturevalue("etcd")
     started = time.monotonic()
@@ -157,6 +157,5 @@ def test_an_elastic_job_short_of_its_fewest_machines_says_so_while_it_waits_and_
     assert "waiting for at least 2 machine(s) of this elastic job to meet (" in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert (
-        errors == [errors[0]]
-        and "fewer than 2 machine(s) of this elastic job met within JOIN_TIMEOUT=12 s" in errors[0]
+        errors == [errors[0]] and "fewer than 2 machine(s) of this elastic job met within JOIN_TIMEOUT=8 s" in errors[0]
     )

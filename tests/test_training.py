@@ -284,7 +284,14 @@ def test_each_problem_a_check_finds_is_one_error_line_within_a_minute(bake, tmp_
     nothing listens on."""
     machines = two_machines(bake(nodes="multi", framework="pytorch"), tmp_path)
     (machines[1] / "data" / "digits.zip").unlink()
-    alone = {"NNODES": "2", "NODE_RANK": "1", "NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
+    # JOIN_TIMEOUT shortens their waits (40 s at the most, else) to 10 s.
+    alone = {
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "NPROC_PER_NODE": "1",
+        "MASTER_PORT": str(free_port()),
+        "JOIN_TIMEOUT": "10",
+    }
     commands = [
         *start_on_both(machines, "--check", "--output-dir", "out", nproc=1),  # out/ in each machine's copy
         *[

@@ -26,18 +26,18 @@ MiB = 1 << 20
 SHM_PER_WORKER = 128 * MiB
 
 
-def network(layout, master_ip: str, device: str, gpus: int) -> list[str]:
+def network(layout, master_ip: str, device: str, gpus: int, wait_s: float = WAIT_S) -> list[str]:
     """run.sh --check, before the launcher, for platforms.py's `layout`: the master resolves, its port answers
-    (machine 0: run.sh checks that it is free), and the interface that reaches it. The `check` lines; a
-    PlatformError for a problem."""
+    within `wait_s` (machine 0: run.sh checks that it is free), and the interface that reaches it. The `check`
+    lines; a PlatformError for a problem."""
     lines = [f"check master: {layout.master_addr} is {master_ip}"]
     # Machine 0 hosts the port itself (a PaddleJob numbers its machines later: the one holding the master's address).
     hosts_master = layout.node_rank == 0 or (layout.node_rank is None and interface_of(master_ip))
     if not hosts_master:
-        if not wait_for_port(master_ip, layout.master_port):
+        if not wait_for_port(master_ip, layout.master_port, wait_s):
             raise PlatformError(
                 f"nothing answers on the master's port {master_ip}:{layout.master_port} within "
-                f"{WAIT_S:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
+                f"{wait_s:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
                 "check that its firewall lets the port in"
             )
         lines.append(f"check port: {master_ip}:{layout.master_port} answers")

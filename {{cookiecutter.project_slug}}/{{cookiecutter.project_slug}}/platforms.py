@@ -386,7 +386,9 @@ def main(argv: list[str]) -> None:
         master_ip = layout.master_addr
         if layout.nnodes > 1:
             master_ip = resolve(layout.master_addr, wait_s)
-        checked = machine_checks.network(layout, master_ip, args.device, gpus) if check and layout.nnodes > 1 else []
+        checked = []
+        if check and layout.nnodes > 1:
+            checked = machine_checks.network(layout, master_ip, args.device, gpus, wait_s)
     except PlatformError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
