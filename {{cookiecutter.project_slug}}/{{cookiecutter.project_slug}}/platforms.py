@@ -237,17 +237,16 @@ def decide(
     if layout.min_nnodes is not None:  # the rendezvous numbers the machines, again at every restart
         if user_nnodes and "NODE_RANK" not in env:
             layout = layout._replace(node_rank=None)  # which machine is the master's is not known here
-        return layout if layout.master_addr or framework == "paddle" else _no_master(layout)
-    if layout.node_rank is None and not master_numbers_machines:
+        if framework == "paddle":
+            return layout  # its machines meet in etcd, not at a master
+    elif layout.node_rank is None and not master_numbers_machines:
         raise PlatformError(
             f"{layout.platform} does not say which machine this is: set NODE_RANK on every machine, 0 for the "
             f"one at {layout.master_addr or 'MASTER_ADDR'}"
         )
-    return layout if layout.master_addr else _no_master(layout)
-
-
-def _no_master(layout: Layout) -> Layout:
-    raise PlatformError(f"{layout.platform} names no master for its {layout.nnodes} machines: set MASTER_ADDR")
+    if not layout.master_addr:
+        raise PlatformError(f"{layout.platform} names no master for its {layout.nnodes} machines: set MASTER_ADDR")
+    return layout
 
 
 def visible_gpus() -> int:

@@ -66,3 +66,11 @@ def say_while_meeting(met: Callable[[], bool], fewest: int, join_timeout_s: floa
             sys.stderr.flush()
             next_report = now + REPORT_EVERY_S
         time.sleep(poll_s)
+
+
+def not_met(fewest: int, join_timeout_s: float, meeting: str) -> str:
+    """The error of an elastic job whose fewest machines did not meet; `meeting`: the variables they meet by."""
+    return (
+        f"error: fewer than {fewest} machine(s) of this elastic job met within JOIN_TIMEOUT={join_timeout_s:g} s: "
+        f"start run.sh on more of them, with the same NNODES, {meeting}, or raise JOIN_TIMEOUT"
+    )

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
-from .roll_call import RollCall, say_while_meeting
+from .roll_call import RollCall, not_met, say_while_meeting
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
 # after a save on SIGTERM. (A worker that the kernel's OOM killer ends looks the same.)
@@ -44,7 +44,6 @@ def main() -> None:
             threading.Thread(
                 target=say_while_meeting, args=(first_log.exists, int(fewest), join_timeout), daemon=True
             ).start()
-        if elastic:
             _wait_for_the_fewest(join_timeout, too_few)
         if roll.nnodes > 1 and _flag("--rank", "") == "0":  # not in an elastic job: etcd numbers its machines
             threading.Thread(target=roll.watch, args=(_machines_at_the_master, join_timeout), daemon=True).start()
@@ -161,10 +160,7 @@ def _give_up_unless_started(first_log: Path, join_timeout: float, roll: RollCall
 def _not_joined(join_timeout: float, roll: RollCall | None = None) -> str:
     fewest, elastic, _ = _flag("--nnodes", "1").partition(":")
     if elastic:
-        return (
-            f"error: fewer than {fewest} machine(s) of this elastic job met within JOIN_TIMEOUT={join_timeout:g} s: "
-            "start run.sh on more of them, with the same NNODES, ETCD_ENDPOINT and JOB_ID, or raise JOIN_TIMEOUT"
-        )
+        return not_met(int(fewest), join_timeout, "ETCD_ENDPOINT and JOB_ID")
     # Machine 0 knows which machines did not come; the others only that some did not.
     missing = f" ({roll.named()} did not)" if roll and _flag("--rank", "") == "0" and roll.missing else ""
     return (
@@ -186,7 +182,8 @@ def _wait_for_the_fewest(join_timeout: float, failed: list[int]) -> None:
         while True:
             ready, count = wait(master, fewest, most, timeout)
             if ready or time.monotonic() >= deadline or master.ctx.status.is_done():
-                failed.extend([] if ready else [count])
+                if not ready:
+                    failed.append(count)
                 return ready, count
 
     ETCDMaster.wait_peer_ready = wait_peer_ready

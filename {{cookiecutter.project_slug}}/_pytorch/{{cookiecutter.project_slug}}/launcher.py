@@ -23,7 +23,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTime
 
 from . import store_roll_call
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
-from .roll_call import RollCall, say_while_meeting
+from .roll_call import RollCall, not_met, say_while_meeting
 from .settings import LAUNCHER
 
 
@@ -59,11 +59,7 @@ def main() -> None:
         sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
     # An elastic job's rendezvous, hosted by machine 0's launcher: never met, or gone with that machine.
     except RendezvousTimeoutError:
-        sys.exit(
-            f"error: fewer than {flags.machines} machine(s) of this elastic job met within JOIN_TIMEOUT="
-            f"{flags.join_timeout:g} s: start run.sh on more of them, with the same NNODES, MASTER_ADDR and "
-            "MASTER_PORT, or raise JOIN_TIMEOUT"
-        )
+        sys.exit(not_met(flags.machines, flags.join_timeout, "MASTER_ADDR and MASTER_PORT"))
     except RendezvousError as error:
         sys.exit(
             f"error: the elastic job's rendezvous failed: {error} Machine 0 (MASTER_ADDR) hosts it: a job goes on "
