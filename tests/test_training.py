@@ -695,16 +695,3 @@ TIMINGS = ("epoch_time_s", "data_wait")  # clock readings, not results
 
 def without_timings(metrics: list[dict]) -> list[dict]:
     return [{key: value for key, value in record.items() if key not in TIMINGS} for record in metrics]
-
-
-@pytest.mark.parametrize("launcher", ["torchrun", "launch"])
-def test_bad_input_under_a_launcher_ends_in_error_lines_not_a_traceback(bake, tmp_path, launcher):
-    project = bake(launcher=launcher)
-
-    result = run(["bash", "run.sh", "--data-dir", str(tmp_path / "missing")], project, timeout=120, NPROC_PER_NODE="2")
-
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert lines and all(line.startswith("error: ") for line in lines), result.stderr
-    assert f"data folder {tmp_path / 'missing' / 'train'} not found" in lines[0]
-    assert lines[-1].startswith("error: rank ") and "the whole job was stopped" in lines[-1]

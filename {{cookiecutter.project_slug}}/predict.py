@@ -43,7 +43,7 @@ def predict(args) -> None:
                 problem = str(error)
         problem = distributed.share_from_main(problem, "rank 0's predictions")  # every process is done with inputs
         if problem:
-            raise UserError(problem, shown=env.is_main)
+            raise UserError(problem, shown=env.local_rank == 0)
         if extracted is not None and env.is_main:
             shutil.rmtree(extracted, ignore_errors=True)
     finally:

@@ -152,13 +152,14 @@ fi
 {%- endif %}
 {%- if cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
 
-# The console shows worker 0's output only: name the error of each other worker that failed differently.
+# The console shows worker 0's output only, and launcher.py the other workers' error lines: name the traceback of
+# each other worker that failed differently.
 show_worker_errors() {
   local log last first
   first=$(tail -n 1 "$1/workerlog.0" 2>/dev/null) || first=""
   for log in "$1"/workerlog.*; do
     last=$(tail -n 1 "$log" 2>/dev/null) || continue
-    if [[ $log != */workerlog.0 && $last != "$first" ]] && grep -qE '^(error: |Traceback)' "$log"; then
+    if [[ $log != */workerlog.0 && $last != "$first" ]] && grep -q '^Traceback' "$log"; then
       echo "$log: $last" >&2
     fi
   done

@@ -12,6 +12,7 @@ from {{ cookiecutter.project_slug }}.state import EpochProgress
 class OneProcess:
     world_size = 1
     is_main = True
+    local_rank = 0
 
 
 @pytest.fixture
@@ -40,6 +41,7 @@ def test_leaving_after_a_stop_exits_with_the_status_of_a_terminated_process(tmp_
 class TwoRanks:
     world_size = 2
     is_main = True
+    local_rank = 0
 
 
 @pytest.fixture

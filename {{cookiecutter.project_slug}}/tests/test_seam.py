@@ -159,3 +159,71 @@ def test_model_options_fill_only_the_arguments_build_model_takes():
     assert for_text(2, **seam.model_options(for_text, description)) == (2, 900)
     assert seam.model_options(with_channels, {**description, "channels": None}) == {}  # not known: the default
     assert seam.model_options(lambda num_classes, target_mean=1.0: None, {"target_mean": 0.0}) == {"target_mean": 0.0}
+
+
+def boxes(count: int) -> dict:
+    return {"boxes": np.zeros((count, 4)), "label": 1}
+
+
+@pytest.mark.parametrize(
+    "batch, samples",
+    [
+        (np.zeros((8, 3)), 8),
+        ((np.zeros((8, 3)), np.zeros(8)), 8),
+        ([np.zeros((2, 3)), np.zeros(2)], 2),  # the default collate's list of parts
+        ({"targets": [boxes(23 + i) for i in range(6)], "images": np.zeros((6, 3, 4, 4))}, 6),  # targets first
+        ({"targets": [boxes(23) for _ in range(6)], "images": np.zeros((6, 3, 4, 4))}, 6),  # each of 23 boxes
+        ((np.zeros((5, 3)), [np.zeros((7, 4)) for _ in range(5)]), 5),  # per-image arrays of 7 rows each
+        ([{"x": np.zeros(3)} for _ in range(7)], 7),  # per-sample dicts
+        ({"input_ids": np.zeros((4, 9)), "ids": ["a", "b", "c", "d"], "scale": 0.5}, 4),
+    ],
+)
+def test_a_batch_counts_its_samples_whatever_its_structure(batch, samples):
+    assert seam.sample_count(batch) == samples
+
+
+@pytest.mark.parametrize(
+    "batch, problem",
+    [
+        ({"images": np.zeros((6, 3)), "labels": np.zeros(5)}, "its parts disagree on its number of samples"),
+        ({1, 2}, "the loops cannot read a set"),
+        ("text", "it holds no array"),
+    ],
+)
+def test_a_batch_that_cannot_be_counted_is_one_line(batch, problem):
+    with pytest.raises(UserError, match=problem):
+        seam.sample_count(batch)
+
+
+def test_per_sample_values_of_different_lengths_are_padded_with_minus_100_in_dataset_order_however_dealt():
+    seen = []
+    task = type("Tagging", (Task,), {"metrics": staticmethod(
+        lambda sums, per_sample, count: seen.append(per_sample["tags"]) or {"loss": 0.0, "acc": 0.0})})  # fmt: skip
+    batches = [np.array([[1, 2], [3, -100]]), np.array([[4, 5, 6]]), np.array([[7], [8]])]  # padded per batch
+
+    for order in ([0, 1, 2], [0, 2, 1], [2, 1, 0]):  # one process; two (rank 0: 0 and 2); three, gathered rank by rank
+        seam.metrics_of(task, [(number, {}, {"tags": batches[number]}) for number in order], 5)
+
+    expected = [[1, 2, -100], [3, -100, -100], [4, 5, 6], [7, -100, -100], [8, -100, -100]]
+    assert len(seen) == 3 and all(np.array_equal(tags, expected) for tags in seen)
+
+
+def test_values_whose_number_of_dimensions_changes_are_one_line():
+    parts = [(0, {}, {"x": np.zeros((2, 3))}), (1, {}, {"x": np.zeros(2)})]
+    with pytest.raises(UserError, match="per-sample 'x' has 1 and 2 dimensions in different batches"):
+        seam.metrics_of(Task, parts, 4)
+
+
+def test_a_collate_error_becomes_a_batch_that_says_it_naming_the_collate():
+    def collate(samples):
+        return {"labels": [sample["label"] for sample in samples]}
+
+    class Texts:
+        def __getitem__(self, index):
+            return {"text": str(index)}
+
+    Texts.collate = staticmethod(collate)
+    batch = seam.GuardedCollate(Texts(), None)([seam.GuardedDataset(Texts())[0]])
+
+    with pytest.raises(UserError, match=r"collate\(\) in test_seam.py raised KeyError: 'label'$"):
+        seam.sample_count(batch)

@@ -1,8 +1,17 @@
-"""The one exception that means "the user must fix something", not a bug, and how it ends a process."""
+"""The one exception that means "the user must fix something", not a bug, and how it ends a process: in one
+`error:` line, said once on each machine however many of its ranks meet it; where the user's own code raised, the
+frames of the user's files above it."""
 
+import contextlib
 import errno
 import functools
+import hashlib
+import os
+import shutil
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 # 128 + SIGTERM, as a process killed by it: a run stopped by SIGTERM did not finish, and schedulers
 # (a Kubernetes Job, a SLURM requeue) must not count it as done.
@@ -51,14 +60,99 @@ class PlatformError(Exception):
 class UserError(Exception):
     """Bad input or environment; the job stops with this message as one line.
 
-    shown=False: the other ranks of a job where every rank meets the same error end quietly, rank 0 says it.
+    shown=False: the other ranks of a job where every rank meets the same error end quietly; each machine's first
+    rank (local rank 0) says it.
+    frames: where the user's own code raised, its frames (user_frames()), said above the line.
     """
 
     status = 1  # the process's exit status
 
-    def __init__(self, message: str, shown: bool = True):
+    def __init__(self, message: str, shown: bool = True, frames: str = ""):
         super().__init__(message)
-        self.shown = shown
+        self.shown, self.frames = shown, frames
+
+
+# The files a user owns; the frames of an error that passed through them are shown, no others.
+USER_FILES = ("model.py", "data.py", "task.py")
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+
+
+def user_frames(error: BaseException) -> tuple[str, str | None]:
+    """(the frames of `error`'s traceback in the user's files, as Python prints them; the innermost of them as
+    "function() in file.py", the function that went wrong), ("", None) where none of them is on the way."""
+    package = Path(__file__).resolve().parent
+    ours = {str(package / name) for name in USER_FILES}
+    walked = [(frame, line) for frame, line in traceback.walk_tb(error.__traceback__)]
+    mine = [(frame, line) for frame, line in walked if str(Path(frame.f_code.co_filename).resolve()) in ours]
+    if not mine:
+        return "", None
+    # The innermost function that is not a comprehension's frame (Python before 3.12 gives them one).
+    functions = [frame.f_code for frame, _ in mine if frame.f_code.co_name not in COMPREHENSIONS]
+    code = (functions or [mine[-1][0].f_code])[-1]
+    name = f"{getattr(code, 'co_qualname', code.co_name)}() in {Path(code.co_filename).name}"
+    return "".join(traceback.StackSummary.extract(iter(mine)).format()), name
+
+
+def from_user_code(error: BaseException) -> UserError | None:
+    """`error`, raised in the user's files or in what they called, as one line naming the function that went wrong,
+    with the user's frames above it; None where it did not pass through them (a bug to show whole)."""
+    frames, function = user_frames(error)
+    if function is None:
+        return None
+    return UserError(f"{function} raised {first_line(error)}", frames=frames)
+
+
+def first_line(error: BaseException) -> str:
+    """`KeyError: 'label'`: the error's type and the first line of its message."""
+    message = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+# Set by the launchers (said_once_per_machine()): a folder of this machine's job where each error said is kept.
+SAID = "ERRORS_SAID_IN"
+
+
+def say(error: UserError) -> None:
+    """Write `error` (its frames, then its `error:` line) to stderr, unless another process of this machine's job has
+    said the same. The claim's file holds this process's local rank and the text: paddle's launcher shows only local
+    rank 0's console, and says the others' itself."""
+    text = f"{error.frames}error: {error}\n"
+    folder = os.environ.get(SAID)
+    if folder:
+        local_rank = os.environ.get("LOCAL_RANK") or os.environ.get("PADDLE_LOCAL_RANK") or "0"
+        claim = Path(folder, hashlib.sha256(text.encode()).hexdigest()[:20])
+        try:
+            with open(claim, "x", encoding="utf-8") as file:
+                file.write(f"{local_rank}\n{text}")
+        except FileExistsError:
+            return  # another rank of this machine said it
+        except OSError:
+            pass  # the folder is gone (its launcher ended): say it anyway
+    # One write: the ranks write at the same moment, and must not interleave.
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def said_once_per_machine():
+    """For a launcher: its ranks say each error once (say()); yields the folder of what they said (said())."""
+    folder = tempfile.mkdtemp(prefix="errors-said-")
+    os.environ[SAID] = folder
+    try:
+        yield Path(folder)
+    finally:
+        os.environ.pop(SAID, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def said(folder: Path) -> dict[str, int]:
+    """The errors said in `folder` (said_once_per_machine()'s), each with the local rank that said it."""
+    claims = {}
+    for claim in sorted(folder.glob("*"), key=lambda path: path.stat().st_mtime_ns):
+        with contextlib.suppress(OSError, ValueError):
+            rank, _, text = claim.read_text(encoding="utf-8").partition("\n")
+            claims[text] = int(rank)
+    return claims
 
 
 def out_of_memory_is_a_user_error(out_of_memory: type[BaseException]):
@@ -84,17 +178,19 @@ def out_of_memory_is_a_user_error(out_of_memory: type[BaseException]):
 
 
 def explain_user_errors(train):
-    """Wrap train(args): a UserError ends this process with its one-line message and its status (1 mostly)."""
+    """Wrap train(args): a UserError ends this process with its one-line message and its status (1 mostly); so
+    does an error raised in the user's files (from_user_code()), under their frames."""
 
     @functools.wraps(train)  # keeps its name, so spawn can still pickle it by reference
     def train_or_explain(args) -> None:
         try:
             train(args)
-        except UserError as error:
-            if error.shown:
-                # One write per line: the ranks print at the same moment, and must not interleave.
-                sys.stderr.write(f"error: {error}\n")
-                sys.stderr.flush()
-            sys.exit(error.status)
+        except Exception as error:
+            explained = error if isinstance(error, UserError) else from_user_code(error)
+            if explained is None:
+                raise
+            if explained.shown:
+                say(explained)
+            sys.exit(explained.status)
 
     return train_or_explain

@@ -30,7 +30,7 @@ def hold(output_dir: str | Path, env) -> int | None:
     descriptor, refusal = _take(Path(output_dir)) if env.is_main else (None, None)
     refusal = distributed.share_from_main(refusal, "the output folder's lock")  # rank 0 may wait JOB_LOCK_WAIT
     if refusal:
-        raise UserError(refusal, shown=env.is_main)
+        raise UserError(refusal, shown=env.local_rank == 0)
     return descriptor
 
 

@@ -93,7 +93,7 @@ class StopRequest:
             [float(self.signalled), elapsed_ms, float(not math.isfinite(loss_sum))], env
         )
         if diverged_ranks:
-            raise Diverged(*where, shown=env.is_main)
+            raise Diverged(*where, shown=env.local_rank == 0)
         steps_done = self.steps_per_vote - self.steps_to_vote
         step_ms = total_ms / env.world_size / max(steps_done, 1)
         self.steps_per_vote = max(1, min(1000, int(1000 / VOTES_PER_SECOND // max(step_ms, 1))))

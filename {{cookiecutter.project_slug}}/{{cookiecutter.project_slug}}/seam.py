@@ -1,19 +1,21 @@
 """The seam between the loops and the three files a user owns: model.py, data.py and task.py.
 
 The loops, the checkpoints and predict.py reach the task only through here: a mistake in it
-ends in one line naming the function, and the numbers it returns are combined the same way
-whatever the number of processes (validation batches are dealt whole to the ranks, summed in
-float64 in batch order, per-sample values put back in dataset order).
+ends in one line naming the function (the user's frames above it where their code raised), and
+the numbers it returns are combined the same way whatever the number of processes (validation
+batches are dealt whole to the ranks, summed in float64 in batch order, per-sample values put
+back in dataset order, padded with -100 where batches differ in shape).
 """
 
 import contextlib
 import inspect
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, first_line, from_user_code, user_frames
 
 MODES = ("max", "min")
 # What a task function raises when the batch is not what it expects: told as one line, not a traceback.
@@ -31,13 +33,18 @@ def check_task(task) -> None:
 
 @contextlib.contextmanager
 def calling(function: str, batch):
-    """Run a task function on `batch`: an error from reading it becomes one line naming the function."""
+    """Run a task function on `batch`: an error from reading it becomes one line naming the function, under the
+    user's frames; one that went wrong deeper in the user's files (model.py's forward()) names that function."""
     try:
         yield
     except MISREAD as error:
+        frames, where = user_frames(error)
+        if where not in (None, f"{function}() in task.py"):
+            raise from_user_code(error) from None
         raise UserError(
             f"task.{function}() failed on a batch of {structure(batch)} ({type(error).__name__}: {error}): "
-            "make it read the batches that data.py's datasets give"
+            "make it read the batches that data.py's datasets give",
+            frames=frames,
         ) from None
 
 
@@ -63,17 +70,136 @@ def structure(value) -> str:
 
 
 def sample_count(batch) -> int:
-    """The samples in a batch: the first dimension of its first array, however it is nested."""
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, (tuple, list)):
-        for item in batch:
-            with contextlib.suppress(ValueError):
-                return sample_count(item)
-        raise ValueError("no array in the batch")
-    if hasattr(batch, "shape") and len(batch.shape):
-        return int(batch.shape[0])
-    raise ValueError("no array in the batch")
+    """The samples in a batch from a loader, whatever its structure: a tensor; a tuple, list or dict of tensors and
+    per-sample lists (of dicts, of tensors of their own shapes, of numbers or strings), nested, in any order; a list
+    of per-sample dicts. A batch that stands for an error of the data's code (GuardedCollate) raises it."""
+    if isinstance(batch, Mapping) and FAILED in batch:
+        raise UserError(str(batch[FAILED]), frames=str(batch[FRAMES]))
+    try:
+        counts = _counts(batch, whole=True)
+    except TypeError as unreadable:
+        counts, problem = [], f"the loops cannot read a {unreadable}"
+    else:
+        problem = "it holds no array" if counts is None else "its parts disagree on its number of samples"
+    if not counts:
+        raise UserError(f"a batch of {structure(batch)}: {problem}; {BATCH_FORMS}")
+    return counts[0]
+
+
+BATCH_FORMS = (
+    "a batch must be a tensor or an array, or a tuple, list or dict of them (and of per-sample lists), each with the "
+    "batch's samples along its first dimension"
+)
+PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _counts(value, whole: bool = False) -> list[int] | None:
+    """The sample counts `value` can stand for, most likely first (a list of tensors: parts of a batch, each of N
+    samples, or N samples; `whole`: the batch itself, whose list is its parts); None: it says nothing of them."""
+    if hasattr(value, "shape"):
+        return [int(value.shape[0])] if len(value.shape) else None
+    if isinstance(value, Mapping):
+        return _agreed([_counts(item) for item in value.values()])
+    if isinstance(value, (tuple, list)):
+        if not value or all(isinstance(item, Mapping) for item in value):  # per-sample dicts
+            return [len(value)]
+        if any(isinstance(item, PLAIN) for item in value):  # per-sample numbers, strings, ids
+            return [len(value)]
+        parts = _agreed([_counts(item) for item in value])
+        return parts if whole else list(dict.fromkeys([*(parts or []), len(value)]))
+    if isinstance(value, PLAIN):
+        return None
+    raise TypeError(type(value).__name__)
+
+
+def _agreed(options: list[list[int] | None]) -> list[int] | None:
+    """The counts every part can stand for (in the first informative part's order); None where no part says."""
+    known = [counts for counts in options if counts is not None]
+    if not known:
+        return None
+    return [count for count in known[0] if all(count in counts for counts in known[1:])]
+
+
+# A batch that stands for an error raised while the loader made it (in a worker process, or in paddle's loader
+# thread, where an exception would not reach the loop as itself): its message and the user's frames, and an array
+# so that every loader passes it on.
+FAILED, FRAMES = "<error of the data's code>", "<frames>"
+
+
+class _Failed:
+    """What GuardedDataset gives for a sample whose reading raised: the error, to be said by the batch."""
+
+    def __init__(self, error: UserError):
+        self.error = error
+
+
+def _failed_batch(error: UserError) -> dict:
+    return {FAILED: str(error), FRAMES: error.frames, "_": np.zeros(1, dtype=np.uint8)}
+
+
+class GuardedDataset:
+    """A dataset whose samples' errors reach the loop as a failed batch (GuardedCollate), with the user's frames
+    and the name of the function that raised; its other attributes are the dataset's own."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            return self.dataset[index]
+        except Exception as error:
+            explained = error if isinstance(error, UserError) else from_user_code(error)
+            reading = _named(type(self.dataset).__getitem__)
+            return _Failed(explained or UserError(f"{reading} raised {first_line(error)}"))
+
+    def __getattr__(self, name: str):
+        if name == "dataset":  # not set yet (a copy being made): no attribute, rather than endless lookups
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class GuardedCollate:
+    """The loader's collate: the dataset's own collate() (else `default`, the framework's), whose error, or batch
+    the loops cannot read, becomes a failed batch naming it; a failed sample's batch is its error. (A class, so
+    that loader workers started by spawn can pickle it.)"""
+
+    def __init__(self, dataset, default):
+        self.dataset, self.collate = dataset, getattr(dataset, "collate", None) or default
+        self.own = self.collate is not default
+
+    def __call__(self, samples):
+        failed = next((sample for sample in samples if isinstance(sample, _Failed)), None)
+        if failed is not None:
+            return _failed_batch(failed.error)
+        try:
+            batch = self.collate(samples)
+        except Exception as error:
+            explained = error if isinstance(error, UserError) else from_user_code(error)
+            return _failed_batch(explained or self._unexplained(error))
+        try:
+            sample_count(batch)
+        except UserError as error:
+            return _failed_batch(UserError(f"{_named(self.collate)} made {error}"))
+        return batch
+
+    def _unexplained(self, error: BaseException) -> UserError:
+        """An error raised where the user's files are not on the way: the dataset's collate, or the framework's."""
+        if self.own:
+            return UserError(f"{_named(self.collate)} raised {first_line(error)}")
+        return UserError(
+            f"the samples of {type(self.dataset).__name__} cannot be made into a batch ({first_line(error)}): give "
+            "them the same shapes, or give the dataset a collate(samples) that pads them"
+        )
+
+
+def _named(function) -> str:
+    """A function as error lines name it: "TextDataset.collate() in data.py"."""
+    with contextlib.suppress(TypeError, OSError):
+        return f"{function.__qualname__}() in {Path(inspect.getsourcefile(function)).name}"
+    return f"{getattr(function, '__qualname__', function)}()"
 
 
 def metrics_of(task, contributions: list, count: int) -> dict:
@@ -90,10 +216,34 @@ def metrics_of(task, contributions: list, count: int) -> dict:
             sums[name] = sums[name] + value if name in sums else value
         for name, value in batch_values.items():
             per_sample.setdefault(name, []).append(value)
-    per_sample = {name: np.concatenate(values) for name, values in per_sample.items()}
+    per_sample = {name: padded(name, values) for name, values in per_sample.items()}
     with calling("metrics", {"sums": sums, "per_sample": per_sample}):
         results = task.metrics(sums, per_sample, count)
     return checked_metrics(task, results)
+
+
+PAD = -100  # HF's: a task that pads its own batches with it reads the gathered values the same way
+
+
+def padded(name: str, arrays: list[np.ndarray]) -> np.ndarray:
+    """Per-sample arrays of the batches in order, as one: where their shapes after the first dimension differ (each
+    batch padded to its own longest sentence), each is padded to the largest with PAD (in a type that holds it)."""
+    shapes = {array.shape[1:] for array in arrays}
+    if len(shapes) == 1:
+        return np.concatenate(arrays)
+    if len({len(shape) for shape in shapes}) > 1:
+        raise UserError(
+            f"task.validation_step()'s per-sample {name!r} has {' and '.join(sorted({str(len(s) + 1) for s in shapes}))} "
+            "dimensions in different batches: give it the same number in every batch"
+        )
+    largest = tuple(max(sizes) for sizes in zip(*shapes, strict=True))
+    dtype = np.result_type(*arrays, np.int8)  # bool or unsigned values: a signed type, -100 must fit
+    whole = np.full((sum(len(array) for array in arrays), *largest), PAD, dtype=dtype)
+    start = 0
+    for array in arrays:
+        whole[(slice(start, start + len(array)), *(slice(0, size) for size in array.shape[1:]))] = array
+        start += len(array)
+    return whole
 
 
 def checked_metrics(task, results) -> dict:

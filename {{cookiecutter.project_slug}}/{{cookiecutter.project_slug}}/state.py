@@ -255,7 +255,7 @@ class CheckpointerBase:
         # The others wait here, not at the next step's collective: a long save must not run into its timeout.
         problem = distributed.share_from_main(problem, "rank 0's checkpoint save")
         if problem:
-            raise UserError(problem, shown=self.env.is_main)
+            raise UserError(problem, shown=self.env.local_rank == 0)
 
     def _write_unless_disk_full(self, training: dict, is_best: bool) -> str | None:
         """Write the checkpoint; or, where the disk is full, leave the last one as it was and say why."""

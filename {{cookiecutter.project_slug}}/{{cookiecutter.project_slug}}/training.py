@@ -33,7 +33,8 @@ def train(args) -> None:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
-        options = seam.chosen_options(build_model, args.model_option, shown=env.is_main)  # names build_model() takes
+        # The --model-option names build_model() takes.
+        options = seam.chosen_options(build_model, args.model_option, shown=env.local_rank == 0)
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -129,7 +130,7 @@ def _evaluate(model, val_loader, env, amp_dtype: str | None, checkpoint, output_
         raise UserError(
             f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
             "or --init-from PATH",
-            shown=env.is_main,
+            shown=env.local_rank == 0,
         )
     logs.report_evaluation(output_dir, engine.evaluate(model, val_loader, env, amp_dtype), env.is_main, checkpoint)
     distributed.barrier()

@@ -38,7 +38,7 @@ def with_fit(network, loader, clip_grad_norm: float | None) -> None:
     fit.clip_gradients(optimizer, clip_grad_norm)
     model.prepare(optimizer, fit.accumulated_loss(1))
     end_epoch = fit.EpochEnd(loader, ENV, TrainingState(), StopRequest(), lambda *_: None)
-    model.fit(loader, epochs=1, verbose=0, callbacks=[end_epoch])
+    model.fit(end_epoch.batches, epochs=1, verbose=0, callbacks=[end_epoch])
 
 
 LOOPS = {"own loop": with_own_loop}

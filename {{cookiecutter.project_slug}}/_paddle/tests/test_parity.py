@@ -77,7 +77,7 @@ def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
     end_epoch = fit.EpochEnd(
         loader, env, TrainingState(), StopRequest(), lambda epoch, stats, started: epochs.append(stats), grad_accum
     )
-    model.fit(loader, epochs=EPOCHS, verbose=0, accumulate_grad_batches=grad_accum, callbacks=[end_epoch])
+    model.fit(end_epoch.batches, epochs=EPOCHS, verbose=0, accumulate_grad_batches=grad_accum, callbacks=[end_epoch])
     return epochs
 
 

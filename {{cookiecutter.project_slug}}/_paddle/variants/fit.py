@@ -61,8 +61,8 @@ def paddle_model(
     """
     # The package's own helper, as wrap_model() uses it.
     distributed._say_pytorch_only(compile, channels_last, activation_checkpointing)
-    dataset = loader.dataset
-    structure = (getattr(dataset, "collate", None) or paddle.io.dataloader.collate.default_collate_fn)([dataset[0]])
+    structure = loader.collate_fn([loader.dataset[0]])
+    seam.sample_count(structure)  # (an error of the data's code stops here)
     inputs = [InputSpec([None], name=f"batch_{index}") for index in range(len(paddle.utils.flatten(structure)))]
     with distributed._without_flag_table():
         return paddle.Model(TaskLoss(network, structure), inputs=inputs, labels=[])
@@ -89,6 +89,22 @@ def accumulated_loss(grad_accum: int):
     return lambda loss: loss / grad_accum
 
 
+class CountedBatches:
+    """The training loader as fit() reads it (EpochEnd's `batches`): each batch counted on its way as the basic loop
+    counts it (seam.sample_count(); fit's own count is the first dimension of the batch's first array)."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader, self.count = loader, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.count = seam.sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
+            yield batch
+
+
 class EpochEnd(paddle.callbacks.Callback):
     """A fit() callback: per-epoch shuffle and loss lines, then end_epoch(epoch, train_stats, started) on every rank.
 
@@ -110,6 +126,7 @@ class EpochEnd(paddle.callbacks.Callback):
         self.grad_accum, self.log_every, self.tracker = grad_accum, log_every, tracker
         # fit() reads the batches itself: the wait for one is the time from the end of a step to the next begin.
         self.watch = watch or LoaderWatch(workers=0, loader_cores=0, is_main=False)
+        self.batches = CountedBatches(loader)  # what fit() reads
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self.epoch = self.first_epoch + epoch + 1
@@ -129,7 +146,7 @@ class EpochEnd(paddle.callbacks.Callback):
         self.watch.waited(time.perf_counter() - ended, time.thread_time() - ended_cpu)
 
     def on_train_batch_end(self, step: int, logs=None) -> None:
-        batch = logs["batch_size"] // self.env.world_size  # fit reports the batch of all ranks together
+        batch = self.batches.count
         # fit reports the loss of accumulated_loss(), divided by --grad-accum: undo that.
         progress = self.progress
         progress.loss_sum += logs["loss"][0] * self.grad_accum * batch
@@ -149,7 +166,7 @@ class EpochEnd(paddle.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         total_loss, total_seen = distributed.all_reduce_sum([self.progress.loss_sum, self.progress.seen], self.env)
         if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
-            raise Diverged(self.epoch, self.steps, shown=self.env.is_main)
+            raise Diverged(self.epoch, self.steps, shown=self.env.local_rank == 0)
         # The sampler repeats a few samples so every rank gets as many; they are not distinct.
         samples = int(total_seen) - loaders.train_sampler(self.loader).padding
         self.progress = EpochProgress()

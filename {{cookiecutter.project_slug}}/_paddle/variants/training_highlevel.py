@@ -35,12 +35,13 @@ def train(args) -> None:
             raise UserError(
                 "--strategy sharding: paddle.Model.fit() trains in its own DataParallel, which does not shard; a "
                 "project baked with paddle_api=basic shards (or drop --strategy)",
-                shown=env.is_main,
+                shown=env.local_rank == 0,
             )
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
-        options = seam.chosen_options(build_model, args.model_option, shown=env.is_main)  # names build_model() takes
+        # The --model-option names build_model() takes.
+        options = seam.chosen_options(build_model, args.model_option, shown=env.local_rank == 0)
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -117,7 +118,7 @@ def train(args) -> None:
                 )  # fmt: skip
                 # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
                 out_of_memory_is_a_user_error(MemoryError)(model.fit)(
-                    train_loader, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
+                    epoch_end.batches, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
                     accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_per_epoch(), epoch_end],
                 )  # fmt: skip
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
@@ -138,7 +139,7 @@ def _evaluate(network, val_loader, env, amp_dtype: str | None, checkpoint, outpu
         raise UserError(
             f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
             "or --init-from PATH",
-            shown=env.is_main,
+            shown=env.local_rank == 0,
         )
     logs.report_evaluation(output_dir, engine.evaluate(network, val_loader, env, amp_dtype), env.is_main, checkpoint)
     distributed.barrier()

@@ -30,7 +30,7 @@ import paddle.distributed as dist
 from paddle.base import core
 from paddle.distributed import fleet
 
-from . import hardware, sharding
+from . import errors, hardware, sharding
 from .child_processes import die_with_parent
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
@@ -354,20 +354,19 @@ def launch(worker, args) -> None:
         sys.exit(f"error: {error}")
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
     logging.getLogger().setLevel(logging.WARNING)
-    with warnings.catch_warnings():
+    with errors.said_once_per_machine(), warnings.catch_warnings():  # the ranks' identical error lines, said once
         warnings.filterwarnings("ignore", "Your model will be trained under CPUONLY")
         ranks = dist.spawn(_spawned, args=(worker, args), nprocs=nproc, join=False)
-    # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
-    signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))
-    try:
-        while not ranks.join():
-            pass
-    except Exception as error:  # spawn raises a bare Exception naming the worker that failed
-        # Stopped by SIGTERM, a collective that timed out, a UserError (1): the worker said it, its status is the job's.
-        said = [code for code in (STOPPED_STATUS, COLLECTIVE_TIMEOUT_STATUS, 1) if f"exit code {code}." in str(error)]
-        if not said:  # anything else comes with its traceback
-            print(error, file=sys.stderr)
-        sys.exit(said[0] if said else 1)
+        # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
+        signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))
+        try:
+            while not ranks.join():
+                pass
+        except Exception as error:  # spawn raises a bare Exception naming the worker that failed
+            # Stopped by SIGTERM, a collective that timed out, a UserError (1): the worker said it, its status is the
+            # job's; anything else comes with its traceback.
+            said = [code for code in (STOPPED_STATUS, COLLECTIVE_TIMEOUT_STATUS, 1) if f"code {code}." in str(error)]
+            sys.exit(said[0] if said else error)
 
 
 def _forward(signum: int, processes) -> None:

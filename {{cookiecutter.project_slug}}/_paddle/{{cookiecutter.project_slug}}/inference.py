@@ -77,6 +77,7 @@ def load_with_data(
 def predict(model: paddle.nn.Layer, batch) -> list:
     """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
     place = next(iter(model.parameters())).place
+    seam.sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
     batch = loaders.to_device(batch, "cpu" if place.is_cpu_place() else f"gpu:{place.gpu_device_id()}")
     with seam.calling("predict_step", batch):
         return list(task.predict_step(model, batch))

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
+from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, said, said_once_per_machine
 from .roll_call import RollCall, not_met, say_while_meeting
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
@@ -32,7 +32,6 @@ _GLOO_GAVE_UP = "gloo::TimeoutException"
 def main() -> None:
     # While the machines gather, paddle logs each poll of the master (two a second) at INFO level.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("LAUNCH").addFilter(_not_said_already)
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
     too_few: list[int] = []  # an elastic job's wait that ended without its fewest machines
     if join_timeout > 0:
@@ -47,14 +46,40 @@ def main() -> None:
             _wait_for_the_fewest(join_timeout, too_few)
         if roll.nnodes > 1 and _flag("--rank", "") == "0":  # not in an elastic job: etcd numbers its machines
             threading.Thread(target=roll.watch, args=(_machines_at_the_master, join_timeout), daemon=True).start()
+    # The ranks say each error once (errors.say()); process 0's go to the console with its log, the others' are said
+    # here at the end. paddle's own report of a failed process (and the tail of its log) adds nothing to them.
+    with said_once_per_machine() as errors_said:
+        logging.getLogger("LAUNCH").addFilter(lambda record: _not_said_already(record, errors_said))
+        _show_tails_of_the_unexplained(errors_said)
+        try:
+            _launch(join_timeout, too_few)
+        finally:
+            for text, rank in said(errors_said).items():
+                if rank != 0:
+                    sys.stderr.write(text)
+
+
+def _show_tails_of_the_unexplained(errors_said: Path) -> None:
+    """When a process fails, paddle prints the tail of its log: not process 0's, which is on the console already, nor
+    that of one that said its error."""
+    from paddle.distributed.launch.job.container import Container
+
+    tail = Container.tail
+
+    def unexplained_tail(container, length=3000):
+        if container.rank != 0 and not _gave_up_in_cpp(container.errfile):
+            if container.rank not in said(errors_said).values():
+                tail(container, length)
+
+    Container.tail = unexplained_tail
+
+
+def _launch(join_timeout: float, too_few: list[int]) -> None:
+    """paddle's launch(), its console relay up to a C++ report, its exit status the failed worker's."""
     from paddle.distributed.launch.job.container import Container
     from paddle.distributed.launch.job.pod import Pod
     from paddle.distributed.launch.main import launch
 
-    # When a process fails, paddle prints the tail of its log. Process 0's log is on the console already: its
-    # error line would show twice.
-    tail = Container.tail
-    Container.tail = lambda c, length=3000: None if c.rank == 0 or _gave_up_in_cpp(c.errfile) else tail(c, length)
     # Process 0's log comes to the console through this, up to a C++ report of gloo giving up (said in one line).
     relay = Container.logs
     Container.logs = lambda one, fn=None, *args, **kwargs: relay(one, fn or _CONSOLE.of(one), *args, **kwargs)
@@ -104,13 +129,16 @@ def _gave_up_in_cpp(log) -> bool:
         return False
 
 
-def _not_said_already(record) -> bool:
-    """False for paddle's "Container failed" report where the worker said it already: each problem of a --check in
-    its own line, a collective that timed out in one (or the launcher does, after paddle's C++ report)."""
+def _not_said_already(record, errors_said: Path) -> bool:
+    """False for paddle's "Container failed" report where a worker said why: its error line (errors.say()), each
+    problem of a --check in its own line, a collective that timed out in one (or the launcher does, after paddle's
+    C++ report)."""
     message = record.getMessage()
-    said = any(f" code {status} " in message for status in (CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS))
+    if not message.startswith("Container failed"):
+        return True
+    explained = any(f" code {status} " in message for status in (CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS))
     aborted = f" code {-signal.SIGABRT} " in message and _gave_up_in_cpp(message.rpartition(" log ")[2].strip())
-    return not (said or aborted)
+    return not (explained or aborted or said(errors_said))
 
 
 class _Console:

@@ -10,12 +10,14 @@ from collections.abc import Mapping
 import numpy as np
 import paddle
 from paddle.io import DataLoader, Dataset, DistributedBatchSampler
+from paddle.io.dataloader.collate import default_collate_fn
 
 from . import hardware
 from .child_processes import end_with_the_rank
 from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
 from .errors import UserError
+from .seam import GuardedCollate, GuardedDataset
 
 
 class ResumableSampler(DistributedBatchSampler):
@@ -64,19 +66,17 @@ def build_loaders(
     threading.excepthook = _exit_when_a_loader_thread_fails  # Paddle reads batches in a thread: see there
     if workers is None:
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
-    train_loader = DataLoader(
-        train_set, batch_sampler=ResumableSampler(train_set, batch_size, env, seed), **_options(train_set, workers)
-    )
+    sampler = ResumableSampler(train_set, batch_size, env, seed)
+    train_loader = DataLoader(GuardedDataset(train_set), batch_sampler=sampler, **_options(train_set, workers))
     dealt = DealtBatches(len(val_set), batch_size, env.rank, env.world_size)
-    val_loader = DataLoader(val_set, batch_sampler=dealt, **_options(val_set, -(-workers // 2)))
+    val_loader = DataLoader(GuardedDataset(val_set), batch_sampler=dealt, **_options(val_set, -(-workers // 2)))
     return train_loader, val_loader
 
 
 def _options(dataset: Dataset, workers: int) -> dict:
-    # A dataset may say how its samples make a batch (texts of different lengths, padded): its collate().
     return dict(
         num_workers=workers, use_shared_memory=True, persistent_workers=workers > 0, worker_init_fn=end_with_the_rank,
-        collate_fn=getattr(dataset, "collate", None),
+        collate_fn=GuardedCollate(dataset, default_collate_fn),
     )  # fmt: skip
 
 
@@ -88,8 +88,8 @@ def predict_loader(dataset: Dataset, batch_size: int, workers: int | None, env: 
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
     dealt = DealtBatches(len(dataset), batch_size, env.rank, env.world_size)
     return DataLoader(
-        dataset, batch_sampler=dealt, num_workers=workers, use_shared_memory=True,
-        collate_fn=getattr(dataset, "collate", None),
+        GuardedDataset(dataset), batch_sampler=dealt, num_workers=workers, use_shared_memory=True,
+        collate_fn=GuardedCollate(dataset, default_collate_fn),
     )  # fmt: skip
 
 

@@ -139,7 +139,7 @@ class Checkpointer(CheckpointerBase):
             self._saving = None
         error, self._save_error = self._save_error, None
         if error is not None and self._out_of_space(error):
-            raise UserError(self._no_space(), shown=self.env.is_main) from None
+            raise UserError(self._no_space(), shown=self.env.local_rank == 0) from None
         if error is not None:
             raise error
 
@@ -170,7 +170,7 @@ class Checkpointer(CheckpointerBase):
             raise UserError(
                 f"ranks found different checkpoints in {self.directory}: give every machine the same --output-dir "
                 "on a shared filesystem, or copy the checkpoints to each",
-                shown=self.env.is_main,
+                shown=self.env.local_rank == 0,
             )
         if found is None:
             if how == "auto":
@@ -262,7 +262,7 @@ def _on_rank0_only(read, env) -> dict:
             problem = str(error)
     problem = distributed.share_from_main(problem, "rank 0's reading of --init-from")
     if problem:
-        raise UserError(problem, shown=env.is_main)
+        raise UserError(problem, shown=env.local_rank == 0)
     return weights
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from . import fsdp, hardware, store_roll_call
+from . import errors, fsdp, hardware, store_roll_call
 from .child_processes import die_with_parent
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
 from .settings import LAUNCHER
@@ -273,17 +273,18 @@ def launch(worker, args) -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()) if nnodes == 1 else "29500")
     # After a rank fails, spawn logs that it terminates each other one: the failed rank's own error says more.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    ranks = mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=False)
-    # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
-    signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))
-    try:
-        while not ranks.join():
-            pass
-    except mp.ProcessExitedException as exited:
-        # The ranks have already printed why: their error, or where they stopped.
-        sys.exit(exited.exit_code if exited.exit_code in (STOPPED_STATUS, COLLECTIVE_TIMEOUT_STATUS) else 1)
-    except mp.ProcessRaisedException:
-        sys.exit(1)  # each failed rank printed its own traceback (_spawned)
+    with errors.said_once_per_machine():  # the ranks' identical error lines, said once
+        ranks = mp.spawn(_spawned, args=(worker, args, nproc, nnodes), nprocs=nproc, join=False)
+        # Kubernetes sends SIGTERM to this process only; every rank must hear it to save and stop.
+        signal.signal(signal.SIGTERM, lambda signum, frame: _forward(signum, ranks.processes))
+        try:
+            while not ranks.join():
+                pass
+        except mp.ProcessExitedException as exited:
+            # The ranks have already printed why: their error, or where they stopped.
+            sys.exit(exited.exit_code if exited.exit_code in (STOPPED_STATUS, COLLECTIVE_TIMEOUT_STATUS) else 1)
+        except mp.ProcessRaisedException:
+            sys.exit(1)  # each failed rank printed its own traceback (_spawned)
 
 
 def _forward(signum: int, processes) -> None:

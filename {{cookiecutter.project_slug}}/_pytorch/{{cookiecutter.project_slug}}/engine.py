@@ -63,6 +63,7 @@ def train_one_epoch(
     # A rank that stopped answering: the error names the epoch and the step the others waited in.
     with collective_timeouts(lambda: f"epoch {epoch} step {step}/{steps}", env):
         for step, batch in enumerate(batches, start + 1):
+            count = seam.sample_count(batch)  # (an error of the data's code, raised in a loader worker, stops here)
             batch = loaders.to_device(batch, env.device)
             # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
             steps_now = (step - start) % grad_accum == 0 or step == steps
@@ -78,7 +79,6 @@ def train_one_epoch(
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
-            count = seam.sample_count(batch)
             loss_sum += loss.detach().float() * count
             seen += count
             loss_log.step(step, loss_sum, seen)
@@ -91,7 +91,7 @@ def train_one_epoch(
                     saves.save_progress(here)
         total_loss, total_seen = distributed.all_reduce_sum([loss_sum.item(), seen], env)
     if not math.isfinite(total_loss):  # a loss since the last vote; the same sum, the same verdict everywhere
-        raise Diverged(epoch, steps, shown=env.is_main)
+        raise Diverged(epoch, steps, shown=env.local_rank == 0)
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
     samples = int(total_seen) - sampler.padding
     return {"loss": total_loss / total_seen, "samples": samples, "lr": lr, "data_wait": watch.data_wait}
@@ -152,19 +152,25 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
 def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> None:
-    """task.validation_step() and metrics() on this rank's first validation batch, before training: a metric
-    they miss, or a batch they cannot read, ends the run now in one line (training_loss() meets its first batch
-    at the first step). The batch is made here, not by the loader, whose workers keep their place."""
+    """task.validation_step() and metrics() on this rank's first and last validation batches, before training: a
+    metric they miss, or a batch they cannot read, ends the run now in one line (training_loss() meets its first
+    batch at the first step); two batches, mostly of different sizes, so that metrics() meets per-sample values
+    padded as batches of different shapes make them (seam.padded()). The batches are made here, not by the loader,
+    whose workers keep their place."""
     dealt = loader.batch_sampler
     sharded = fsdp.is_sharded(model)
     if not (dealt.numbers or sharded and dealt.most_batches):  # a sharded model's forward needs every rank
         return
     model = model if sharded else distributed.unwrap(model)
     model.eval()
-    number = dealt.numbers[0] if dealt.numbers else 0
-    part = _contribution(model, _batch(loader, number), number, dealt, env, amp_dtype)
+    mine = dealt.numbers or [0]  # (a sharded model's ranks without a batch run batch 0, for nothing)
+    # Two forwards on every rank, as a sharded model's ranks must meet in each.
+    parts = {
+        number: _contribution(model, _batch(loader, number), number, dealt, env, amp_dtype)
+        for number in (mine[0], mine[-1])
+    }
     if dealt.numbers:
-        seam.metrics_of(task, [part], dealt.size_of(number))
+        seam.metrics_of(task, list(parts.values()), sum(map(dealt.size_of, parts)))
 
 
 def _batch(loader: DataLoader, number: int):
@@ -193,6 +199,7 @@ def _rank_0s_buffers(model, env: DistEnv) -> None:
 
 def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str | None) -> tuple:
     """Batch `number`'s (number, sums, per-sample values) from task.validation_step(), in numpy."""
+    seam.sample_count(batch)  # (an error of the data's code, raised in a loader worker, stops here)
     batch = loaders.to_device(batch, env.device)
     with _autocast(env, amp_dtype), seam.calling("validation_step", batch):
         sums, per_sample = seam.validation_parts(task.validation_step(model, batch), batch)

@@ -71,6 +71,7 @@ def load_with_data(
 @torch.no_grad()
 def predict(model: torch.nn.Module, batch) -> list:
     """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
+    seam.sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
     batch = loaders.to_device(batch, next(model.parameters()).device)
     with seam.calling("predict_step", batch):
         return list(task.predict_step(model, batch))

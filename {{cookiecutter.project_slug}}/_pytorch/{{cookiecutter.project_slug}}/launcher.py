@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 
 from . import store_roll_call
-from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS
+from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, said, said_once_per_machine
 from .roll_call import RollCall, not_met, say_while_meeting
 from .settings import LAUNCHER
 
@@ -45,18 +45,14 @@ def main() -> None:
     flags = _flags(sys.argv[1:])
     roll = _start_roll_call(flags)
     try:
-        start()  # parses sys.argv, as the command would
+        with said_once_per_machine() as errors_said:  # the ranks' identical error lines, said once
+            try:
+                start()  # parses sys.argv, as the command would
+            except ChildFailedError as failure:
+                _end_failed_job(failure, errors_said)
     except SignalException:
         # The workers heard it too, saved and printed where they stopped.
         sys.exit(STOPPED_STATUS)
-    except ChildFailedError as failure:
-        rank, first = failure.get_first_failure()
-        # The workers were signalled themselves (SLURM signals every process), said each problem of a --check, or
-        # said once that a collective timed out (the first to fail is one that waited, not the one that stopped).
-        if first.exitcode in (STOPPED_STATUS, CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS):
-            sys.exit(first.exitcode)
-        how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
-        sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
     # An elastic job's rendezvous, hosted by machine 0's launcher: never met, or gone with that machine.
     except RendezvousTimeoutError:
         sys.exit(not_met(flags.machines, flags.join_timeout, "MASTER_ADDR and MASTER_PORT"))
@@ -72,6 +68,19 @@ def main() -> None:
             f"error: the machines did not all join: {error}{missing} Start run.sh on every machine with the same "
             "NNODES, MASTER_ADDR and MASTER_PORT, or raise JOIN_TIMEOUT"
         )
+
+
+def _end_failed_job(failure: ChildFailedError, errors_said) -> None:
+    """Exit with the failed rank's status; with a line of its own only where no rank said why."""
+    rank, first = failure.get_first_failure()
+    # The workers were signalled themselves (SLURM signals every process), said each problem of a --check, or
+    # said once that a collective timed out (the first to fail is one that waited, not the one that stopped).
+    if first.exitcode in (STOPPED_STATUS, CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS):
+        sys.exit(first.exitcode)
+    if said(errors_said):  # a rank's error line explains the stop
+        sys.exit(first.exitcode if first.exitcode > 0 else 1)
+    how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
+    sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
 
 
 def _flags(argv: list[str]) -> argparse.Namespace:

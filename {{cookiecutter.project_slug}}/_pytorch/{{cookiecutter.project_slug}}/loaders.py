@@ -4,12 +4,13 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from . import hardware
 from .child_processes import end_with_the_rank
 from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
+from .seam import GuardedCollate, GuardedDataset
 
 
 class ResumableSampler(DistributedSampler):
@@ -58,19 +59,18 @@ def build_loaders(
     if workers is None:
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
     train_loader = DataLoader(
-        train_set, sampler=ResumableSampler(train_set, batch_size, env, seed), batch_size=batch_size,
+        GuardedDataset(train_set), sampler=ResumableSampler(train_set, batch_size, env, seed), batch_size=batch_size,
         **_options(train_set, workers, env),
     )  # fmt: skip
     dealt = DealtBatches(len(val_set), batch_size, env.rank, env.world_size)
-    val_loader = DataLoader(val_set, batch_sampler=dealt, **_options(val_set, -(-workers // 2), env))
+    val_loader = DataLoader(GuardedDataset(val_set), batch_sampler=dealt, **_options(val_set, -(-workers // 2), env))
     return train_loader, val_loader
 
 
 def _options(dataset: Dataset, workers: int, env: DistEnv) -> dict:
-    # A dataset may say how its samples make a batch (texts of different lengths, padded): its collate().
     return dict(
         num_workers=workers, pin_memory=env.on_gpu, persistent_workers=workers > 0, worker_init_fn=end_with_the_rank,
-        collate_fn=getattr(dataset, "collate", None),
+        collate_fn=GuardedCollate(dataset, default_collate),
     )  # fmt: skip
 
 
@@ -81,8 +81,8 @@ def predict_loader(dataset: Dataset, batch_size: int, workers: int | None, env: 
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
     dealt = DealtBatches(len(dataset), batch_size, env.rank, env.world_size)
     return DataLoader(
-        dataset, batch_sampler=dealt, num_workers=workers, pin_memory=env.on_gpu,
-        collate_fn=getattr(dataset, "collate", None),
+        GuardedDataset(dataset), batch_sampler=dealt, num_workers=workers, pin_memory=env.on_gpu,
+        collate_fn=GuardedCollate(dataset, default_collate),
     )  # fmt: skip
 
 
