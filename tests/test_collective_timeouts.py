@@ -32,6 +32,18 @@ def worker(project: Path, rank: int) -> int:
     return min(found)  # the rank itself: the helpers it starts (a resource tracker) inherit its variables
 
 
+def stop_rank_1_at(log: Path, line: str, project: Path, ranks: dict, job: subprocess.Popen) -> None:
+    """SIGSTOP rank 1 once `line` is in rank 0's `log` (while the job runs); `ranks` gets the two pids and the
+    moment."""
+    while job.poll() is None:
+        if log.exists() and line in log.read_text(encoding="utf-8", errors="replace"):
+            ranks["waiting"], ranks["stopped"] = worker(project, 0), worker(project, 1)
+            os.kill(ranks["stopped"], signal.SIGSTOP)
+            ranks["at"] = time.monotonic()
+            return
+        time.sleep(0.02)
+
+
 def ended(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
@@ -52,15 +64,19 @@ def test_a_rank_stopped_mid_epoch_ends_the_job_in_one_error_line_that_says_where
     )  # fmt: skip
     hung = threading.Timer(240, os.killpg, (job.pid, signal.SIGKILL))  # a job that never ends fails, not hangs
     hung.start()
+    # Rank 0's log, not the console: paddle's launcher copies worker 0's output to the console every 2 s or so,
+    # later than a step of this epoch.
+    ranks = {}
+    stopper = threading.Thread(
+        target=stop_rank_1_at, args=(tmp_path / "out" / "train.log", "epoch 1 step 4/", project, ranks, job)
+    )
+    stopper.start()
     output, stopped, waiting, said_after = [], None, None, float("inf")
     try:
         for line in job.stdout:
             output.append(line)
-            if stopped is None and "epoch 1 step 4/" in line:
-                waiting, stopped = worker(project, 0), worker(project, 1)
-                os.kill(stopped, signal.SIGSTOP)
-                stopped_at = time.monotonic()
-            if line.startswith("error: ") and stopped:
+            if line.startswith("error: ") and ranks:
+                waiting, stopped, stopped_at = ranks["waiting"], ranks["stopped"], ranks["at"]
                 said_after = time.monotonic() - stopped_at
                 # torchrun's SIGTERM cannot end a stopped process: it sends SIGKILL after its shutdown grace (30 s),
                 # which this test does not wait for, once rank 0 has ended and torchrun has seen it.
@@ -75,6 +91,8 @@ def test_a_rank_stopped_mid_epoch_ends_the_job_in_one_error_line_that_says_where
         hung.cancel()
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+        stopper.join()
+        stopped = ranks.get("stopped")
         if stopped:
             with contextlib.suppress(ProcessLookupError):  # (paddle's launcher killed it already)
                 os.kill(stopped, signal.SIGKILL)

@@ -1,9 +1,11 @@
 """The seam to the user's three files, framework-free: best.* by the metric and direction task.py states, one-line
 errors for a task that cannot work, metrics combined in batch order, and what the data description passes on."""
 
+import functools
 import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,6 +178,11 @@ def boxes(count: int) -> dict:
         ((np.zeros((5, 3)), [np.zeros((7, 4)) for _ in range(5)]), 5),  # per-image arrays of 7 rows each
         ([{"x": np.zeros(3)} for _ in range(7)], 7),  # per-sample dicts
         ({"input_ids": np.zeros((4, 9)), "ids": ["a", "b", "c", "d"], "scale": 0.5}, 4),
+        ((np.zeros((32, 5)), np.zeros(32), None), 32),
+        ([{"image": np.zeros((32, 3))}, {"label": np.zeros(32)}], 32),  # the default collate of (dict, dict) samples
+        ({"images": [np.zeros((3, 8, 8)) for _ in range(5)], "paths": [Path("a.png")] * 5}, 5),
+        ({"x": np.zeros((4, 2)), "extra": []}, 4),
+        ({"input_ids": np.zeros((4, 9)), "mask": np.zeros((4, 9)), "position_ids": np.zeros((1, 9))}, 4),
     ],
 )
 def test_a_batch_counts_its_samples_whatever_its_structure(batch, samples):
@@ -208,6 +215,12 @@ def test_per_sample_values_of_different_lengths_are_padded_with_minus_100_in_dat
     assert len(seen) == 3 and all(np.array_equal(tags, expected) for tags in seen)
 
 
+def test_a_mask_of_different_lengths_is_padded_with_false_and_stays_a_mask():
+    padded = seam.padded("mask", [np.array([[True, False]]), np.array([[True, True, True]])])
+
+    assert padded.dtype == np.bool_ and padded.tolist() == [[True, False, False], [True, True, True]]
+
+
 def test_values_whose_number_of_dimensions_changes_are_one_line():
     parts = [(0, {}, {"x": np.zeros((2, 3))}), (1, {}, {"x": np.zeros(2)})]
     with pytest.raises(UserError, match="per-sample 'x' has 1 and 2 dimensions in different batches"):
@@ -226,4 +239,18 @@ def test_a_collate_error_becomes_a_batch_that_says_it_naming_the_collate():
     batch = seam.GuardedCollate(Texts(), None)([seam.GuardedDataset(Texts())[0]])
 
     with pytest.raises(UserError, match=r"collate\(\) in test_seam.py raised KeyError: 'label'$"):
+        seam.sample_count(batch)
+
+
+def test_a_partial_collate_that_makes_what_the_loops_cannot_read_is_named_by_its_function():
+    def collate(samples, extra):
+        return set(extra)
+
+    class Texts:
+        pass
+
+    Texts.collate = functools.partial(collate, extra=[1])
+    batch = seam.GuardedCollate(Texts(), None)([{"text": "a"}])
+
+    with pytest.raises(UserError, match=r"collate\(\) in test_seam.py made a batch of set: the loops cannot read"):
         seam.sample_count(batch)

@@ -79,7 +79,8 @@ COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 def user_frames(error: BaseException) -> tuple[str, str | None]:
     """(the frames of `error`'s traceback in the user's files, as Python prints them; the innermost of them as
-    "function() in file.py", the function that went wrong), ("", None) where none of them is on the way."""
+    "function() in file.py", the function that went wrong), ("", None) where none of them is on the way. With
+    FULL_TRACEBACK=1 in the environment, the frames are Python's whole traceback."""
     package = Path(__file__).resolve().parent
     ours = {str(package / name) for name in USER_FILES}
     walked = [(frame, line) for frame, line in traceback.walk_tb(error.__traceback__)]
@@ -90,6 +91,8 @@ def user_frames(error: BaseException) -> tuple[str, str | None]:
     functions = [frame.f_code for frame, _ in mine if frame.f_code.co_name not in COMPREHENSIONS]
     code = (functions or [mine[-1][0].f_code])[-1]
     name = f"{getattr(code, 'co_qualname', code.co_name)}() in {Path(code.co_filename).name}"
+    if os.environ.get("FULL_TRACEBACK"):  # FULL_TRACEBACK=1: every frame, the framework's too, as Python shows them
+        return "".join(traceback.format_exception(type(error), error, error.__traceback__)), name
     return "".join(traceback.StackSummary.extract(iter(mine)).format()), name
 
 
@@ -110,6 +113,7 @@ def first_line(error: BaseException) -> str:
 
 # Set by the launchers (said_once_per_machine()): a folder of this machine's job where each error said is kept.
 SAID = "ERRORS_SAID_IN"
+LOCAL_RANKS = ("LOCAL_RANK", "PADDLE_LOCAL_RANK", "PADDLE_RANK_IN_NODE")  # torch's launchers', paddle's
 
 
 def say(error: UserError) -> None:
@@ -119,7 +123,7 @@ def say(error: UserError) -> None:
     text = f"{error.frames}error: {error}\n"
     folder = os.environ.get(SAID)
     if folder:
-        local_rank = os.environ.get("LOCAL_RANK") or os.environ.get("PADDLE_LOCAL_RANK") or "0"
+        local_rank = next((os.environ[name] for name in LOCAL_RANKS if name in os.environ), "0")
         claim = Path(folder, hashlib.sha256(text.encode()).hexdigest()[:20])
         try:
             with open(claim, "x", encoding="utf-8") as file:

@@ -7,6 +7,7 @@ batches are dealt whole to the ranks, summed in float64 in batch order, per-samp
 back in dataset order, padded with -100 where batches differ in shape).
 """
 
+import collections
 import contextlib
 import inspect
 import math
@@ -59,11 +60,13 @@ def checked_loss(loss, batch):
 
 
 def structure(value) -> str:
-    """A batch's shape in words, for error lines: tuple(Tensor[32, 3, 16, 16], Tensor[32])."""
+    """A batch's shape in words, for error lines: tuple(Tensor[32, 3, 16, 16], Tensor[32]); a long list by its first
+    items and its length."""
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{key!r}: {structure(item)}" for key, item in value.items()) + "}"
     if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__}(" + ", ".join(structure(item) for item in value) + ")"
+        shown = [structure(item) for item in value[:3]] + ([f"... {len(value)} items"] if len(value) > 3 else [])
+        return f"{type(value).__name__}(" + ", ".join(shown) + ")"
     if hasattr(value, "shape"):
         return f"{type(value).__name__}{list(value.shape)}"
     return type(value).__name__
@@ -90,34 +93,53 @@ BATCH_FORMS = (
     "a batch must be a tensor or an array, or a tuple, list or dict of them (and of per-sample lists), each with the "
     "batch's samples along its first dimension"
 )
-PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 def _counts(value, whole: bool = False) -> list[int] | None:
-    """The sample counts `value` can stand for, most likely first (a list of tensors: parts of a batch, each of N
-    samples, or N samples; `whole`: the batch itself, whose list is its parts); None: it says nothing of them."""
+    """The sample counts `value` can stand for, most likely first; None: it says nothing of them (a number, a
+    string, an empty list). A list of tensors or dicts is read as the batch's parts, each of N samples (the default
+    collate's list, where it is the batch itself: `whole`), or as N samples of their own shapes (inside a batch)."""
     if hasattr(value, "shape"):
         return [int(value.shape[0])] if len(value.shape) else None
     if isinstance(value, Mapping):
         return _agreed([_counts(item) for item in value.values()])
-    if isinstance(value, (tuple, list)):
-        if not value or all(isinstance(item, Mapping) for item in value):  # per-sample dicts
-            return [len(value)]
-        if any(isinstance(item, PLAIN) for item in value):  # per-sample numbers, strings, ids
-            return [len(value)]
-        parts = _agreed([_counts(item) for item in value])
-        return parts if whole else list(dict.fromkeys([*(parts or []), len(value)]))
-    if isinstance(value, PLAIN):
+    if isinstance(value, (set, frozenset)):
+        raise TypeError(type(value).__name__)
+    if not isinstance(value, (tuple, list)) or not value:
         return None
-    raise TypeError(type(value).__name__)
+    if not any(_is_part(item) for item in value) or _per_sample_dicts(value):
+        return [len(value)]  # numbers, strings, paths, images; or a sample's dict each
+    parts = _agreed([_counts(item) for item in value])
+    if whole:
+        return parts or ([len(value)] if all(isinstance(item, Mapping) for item in value) else parts)
+    return list(dict.fromkeys([len(value), *(parts or [])]))
+
+
+def _is_part(value) -> bool:
+    return hasattr(value, "shape") or isinstance(value, (Mapping, tuple, list))
+
+
+def _per_sample_dicts(items: list | tuple) -> bool:
+    """Dicts of the same keys (a sample's targets each), or holding a number or string of their own (a label): not a
+    batch's parts (inputs and targets), each of the batch's samples."""
+    dicts = [item for item in items if isinstance(item, Mapping)]
+    plain = any(isinstance(value, (str, int, float)) for item in dicts for value in item.values())
+    return bool(dicts) and (plain or len(dicts) == len(items) and len({frozenset(item) for item in dicts}) == 1)
 
 
 def _agreed(options: list[list[int] | None]) -> list[int] | None:
-    """The counts every part can stand for (in the first informative part's order); None where no part says."""
+    """The counts every part can stand for (in the first informative part's order), else the one most of three or
+    more parts stand for (a batch-wide tensor among them: position ids, class weights); [] where they disagree;
+    None where no part says."""
     known = [counts for counts in options if counts is not None]
     if not known:
         return None
-    return [count for count in known[0] if all(count in counts for counts in known[1:])]
+    every = [count for count in known[0] if all(count in counts for counts in known[1:])]
+    if every or len(known) < 3:
+        return every
+    support = collections.Counter(count for counts in known for count in set(counts))
+    (count, most), *rest = support.most_common()
+    return [count] if 2 * most > len(known) and not (rest and rest[0][1] == most) else []
 
 
 # A batch that stands for an error raised while the loader made it (in a worker process, or in paddle's loader
@@ -151,14 +173,31 @@ class GuardedDataset:
         try:
             return self.dataset[index]
         except Exception as error:
-            explained = error if isinstance(error, UserError) else from_user_code(error)
-            reading = _named(type(self.dataset).__getitem__)
-            return _Failed(explained or UserError(f"{reading} raised {first_line(error)}"))
+            return _Failed(_explained(error, type(self.dataset).__getitem__))
+
+    def __getitems__(self, indices: list) -> list:
+        """torch's loader reads a batch's samples at once where the dataset can (a Subset, a Hugging Face dataset)."""
+        reader = getattr(self.dataset, "__getitems__", None)
+        if reader is None:
+            return [self[index] for index in indices]
+        try:
+            return reader(indices)
+        except Exception as error:
+            return [_Failed(_explained(error, reader))]
 
     def __getattr__(self, name: str):
-        if name == "dataset":  # not set yet (a copy being made): no attribute, rather than endless lookups
+        # The dataset's own attributes (its collate, its description); not `dataset` while a copy is being made (no
+        # endless lookups), nor Python's and the loaders' special names, which would go around the guard.
+        if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+
+def _explained(error: Exception, function) -> UserError:
+    """An error of the data's code as one line: the user's frames and function (errors.from_user_code()), else
+    `function`, which raised it."""
+    explained = error if isinstance(error, UserError) else from_user_code(error)
+    return explained or UserError(f"{_named(function)} raised {first_line(error)}")
 
 
 class GuardedCollate:
@@ -177,18 +216,17 @@ class GuardedCollate:
         try:
             batch = self.collate(samples)
         except Exception as error:
-            explained = error if isinstance(error, UserError) else from_user_code(error)
-            return _failed_batch(explained or self._unexplained(error))
+            if self.own or isinstance(error, UserError) or from_user_code(error):
+                return _failed_batch(_explained(error, self.collate))
+            return _failed_batch(self._unbatchable(error))
         try:
             sample_count(batch)
         except UserError as error:
             return _failed_batch(UserError(f"{_named(self.collate)} made {error}"))
         return batch
 
-    def _unexplained(self, error: BaseException) -> UserError:
-        """An error raised where the user's files are not on the way: the dataset's collate, or the framework's."""
-        if self.own:
-            return UserError(f"{_named(self.collate)} raised {first_line(error)}")
+    def _unbatchable(self, error: BaseException) -> UserError:
+        """The framework's collate could not make a batch of the dataset's samples."""
         return UserError(
             f"the samples of {type(self.dataset).__name__} cannot be made into a batch ({first_line(error)}): give "
             "them the same shapes, or give the dataset a collate(samples) that pads them"
@@ -196,10 +234,13 @@ class GuardedCollate:
 
 
 def _named(function) -> str:
-    """A function as error lines name it: "TextDataset.collate() in data.py"."""
+    """A function as error lines name it: "TextDataset.collate() in data.py" (a functools.partial by its function,
+    a callable object by its class)."""
+    function = getattr(function, "func", function)
+    name = getattr(function, "__qualname__", type(function).__qualname__)
     with contextlib.suppress(TypeError, OSError):
-        return f"{function.__qualname__}() in {Path(inspect.getsourcefile(function)).name}"
-    return f"{getattr(function, '__qualname__', function)}()"
+        return f"{name}() in {Path(inspect.getsourcefile(function)).name}"
+    return f"{name}()"
 
 
 def metrics_of(task, contributions: list, count: int) -> dict:
@@ -227,9 +268,10 @@ PAD = -100  # HF's: a task that pads its own batches with it reads the gathered 
 
 def padded(name: str, arrays: list[np.ndarray]) -> np.ndarray:
     """Per-sample arrays of the batches in order, as one: where their shapes after the first dimension differ (each
-    batch padded to its own longest sentence), each is padded to the largest with PAD (in a type that holds it)."""
-    shapes = {array.shape[1:] for array in arrays}
-    if len(shapes) == 1:
+    batch padded to its own longest sentence), each is padded to the largest with PAD (in a type that holds it;
+    boolean masks with False)."""
+    shapes = {array.shape[1:] for array in arrays if len(array)}
+    if len(shapes) <= 1:
         return np.concatenate(arrays)
     if len({len(shape) for shape in shapes}) > 1:
         raise UserError(
@@ -237,8 +279,10 @@ def padded(name: str, arrays: list[np.ndarray]) -> np.ndarray:
             "dimensions in different batches: give it the same number in every batch"
         )
     largest = tuple(max(sizes) for sizes in zip(*shapes, strict=True))
-    dtype = np.result_type(*arrays, np.int8)  # bool or unsigned values: a signed type, -100 must fit
-    whole = np.full((sum(len(array) for array in arrays), *largest), PAD, dtype=dtype)
+    dtype = np.result_type(*arrays)
+    # -100 in a signed type (unsigned values: the next larger one); a mask stays a mask, padded with False.
+    pad, dtype = (False, dtype) if dtype == np.bool_ else (PAD, np.promote_types(dtype, np.int8))
+    whole = np.full((sum(len(array) for array in arrays), *largest), pad, dtype=dtype)
     start = 0
     for array in arrays:
         whole[(slice(start, start + len(array)), *(slice(0, size) for size in array.shape[1:]))] = array

@@ -138,7 +138,8 @@ def _not_said_already(record, errors_said: Path) -> bool:
         return True
     explained = any(f" code {status} " in message for status in (CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS))
     aborted = f" code {-signal.SIGABRT} " in message and _gave_up_in_cpp(message.rpartition(" log ")[2].strip())
-    return not (explained or aborted or said(errors_said))
+    signalled = " code -" in message  # killed (the OOM killer's SIGKILL): no rank's line says that
+    return not (explained or aborted or said(errors_said) and not signalled)
 
 
 class _Console:

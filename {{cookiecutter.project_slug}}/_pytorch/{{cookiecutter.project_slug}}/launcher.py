@@ -77,8 +77,8 @@ def _end_failed_job(failure: ChildFailedError, errors_said) -> None:
     # said once that a collective timed out (the first to fail is one that waited, not the one that stopped).
     if first.exitcode in (STOPPED_STATUS, CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS):
         sys.exit(first.exitcode)
-    if said(errors_said):  # a rank's error line explains the stop
-        sys.exit(first.exitcode if first.exitcode > 0 else 1)
+    if said(errors_said) and first.exitcode > 0:  # a rank's error line explains the stop (a signal, not always)
+        sys.exit(first.exitcode)
     how = f"signal {first.signal_name()}" if first.exitcode < 0 else f"status {first.exitcode}"
     sys.exit(f"error: rank {rank} stopped with {how} (its own error is above); the whole job was stopped")
 
