@@ -1,9 +1,10 @@
 """Put the chosen framework's and task's files in place and remove what the answers do not need.
 
 The template keeps each framework's Python files whole, under _pytorch/ and
-_paddle/, and each task's (model.py, data.py, task.py, its sample data and
-its own tests) under _tasks/<task>/; this hook moves one set of each into the
-project and deletes the rest.
+_paddle/, and each task's under _tasks/<task>/: its data.py (framework-free, for
+both), its model.py and task.py under _pytorch/ and _paddle/, its sample data and
+its own tests; the image tasks share _tasks/images.py. This hook moves one set of
+each into the project and deletes the rest.
 """
 
 import json
@@ -15,8 +16,7 @@ FRAMEWORK_DIRS = ("_pytorch", "_paddle")
 TASKS_DIR = Path("_tasks")
 DATA_DIR = Path("data")
 PADDLE_VARIANTS = Path("variants")
-# Modules only image tasks use.
-IMAGE_MODULES = ("images.py",)
+IMAGE_TASKS = ("classification", "segmentation")  # their data.py reads images with _tasks/images.py
 
 
 def move_tree(source: Path, destination: Path) -> None:
@@ -38,20 +38,17 @@ def remove_framework_dirs() -> None:
 
 
 def use_task_files(task: str, framework: str, package: str) -> None:
-    """The task's model.py, data.py and task.py (the framework's) into the package, its sample data into data/,
-    its tests (if it has some of its own) into tests/."""
+    """The task's data.py, and model.py and task.py (the framework's), into the package (with the image helpers for
+    an image task), its sample data into data/, its tests (if it has some of its own) into tests/."""
     source = TASKS_DIR / task
     move_tree(source / f"_{framework}", Path(package))
+    (source / "data.py").replace(Path(package, "data.py"))
+    if task in IMAGE_TASKS:
+        (TASKS_DIR / "images.py").replace(Path(package, "images.py"))
     move_tree(source / "data", DATA_DIR)
     if (source / "tests").is_dir():
         move_tree(source / "tests", Path("tests"))
     shutil.rmtree(TASKS_DIR)
-
-
-def remove_image_modules(package: str) -> None:
-    """Tasks that read no images (a table, texts): no image helpers."""
-    for name in IMAGE_MODULES:
-        Path(package, name).unlink()
 
 
 def use_paddle_variant(variant: str, destination: str) -> None:
@@ -88,8 +85,6 @@ def main(answers: dict) -> None:
     use_framework_files(answers["framework"])
     remove_framework_dirs()
     use_task_files(answers["task"], answers["framework"], answers["project_slug"])
-    if answers["task"] in ("regression", "text"):
-        remove_image_modules(answers["project_slug"])
     if answers["launcher"] == "spawn":
         remove_launcher_module(answers["project_slug"], answers["framework"])
     if answers["framework"] == "paddle":

@@ -37,8 +37,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import predict
-from {PACKAGE} import cli, inference, notebook, task
-from {PACKAGE}.data import PREDICT_SAMPLE
+from {PACKAGE} import cli, inference, notebook, seam
+
+task = seam.Task()  # model.py, data.py and task.py: what this project learns
 
 runs = notebook.fresh_output_dir()  # output/notebook/<date>-<time>/, new each time
 print("this run writes to", runs)""",
@@ -107,7 +108,7 @@ goes down: `{TRACKER_COMMAND} --logdir output/notebook` (`--no-tracking` turns t
         """records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 epochs = [record["epoch"] for record in records]
 
-metric = f"val_{task.BEST_METRIC}"
+metric = f"val_{task.best_metric}"
 
 fig, (loss_plot, metric_plot) = plt.subplots(1, 2, figsize=(10, 3.5))
 loss_plot.plot(epochs, [record["train_loss"] for record in records], "o-", label="training")
@@ -115,7 +116,7 @@ loss_plot.plot(epochs, [record["val_loss"] for record in records], "o-", label="
 loss_plot.set(title="loss", xlabel="epoch", xticks=epochs)
 loss_plot.legend()
 metric_plot.plot(epochs, [record[metric] for record in records], "o-")
-metric_plot.set(title=f"{metric} ({task.BEST_MODE} is best)", xlabel="epoch", xticks=epochs)
+metric_plot.set(title=f"{metric} ({task.best_mode} is best)", xlabel="epoch", xticks=epochs)
 plt.show()""",
     ),
     (
@@ -131,7 +132,8 @@ model and `inference.predict(model, batch)` the rows of `task.predict_step()`.""
         "code",
         """args = cli.parse_args(["--output-dir", str(run_dir)])
 best, predictions = inference.checkpoint_path(run_dir, "best"), run_dir / "predictions"
-argv = ["--checkpoint", str(best), "--input", str(Path(args.data_dir) / PREDICT_SAMPLE), "--output", str(predictions)]
+sample = Path(args.data_dir) / task.predict_sample
+argv = ["--checkpoint", str(best), "--input", str(sample), "--output", str(predictions)]
 predict.predict(cli.parse_predict_args(argv))
 written = sorted(predictions.rglob("*")) if predictions.is_dir() else predictions.read_text().splitlines()
 print(*written[:6], sep="\\n")""",

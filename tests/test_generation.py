@@ -12,6 +12,7 @@ from house import house_problems
 
 SHARED_PACKAGE = {
     "settings",
+    "batches",  # what a loader gives the loops: counted, guarded
     "save_folders",
     "preflight",  # run.sh --check
     "machine_checks",

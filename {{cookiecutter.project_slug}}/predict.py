@@ -8,8 +8,7 @@ What an input is, a prediction, and the file written: data.build_predict_set() a
 
 import shutil
 
-from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, submission, task
-from {{ cookiecutter.project_slug }}.data import build_predict_set
+from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, seam, submission
 from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors
 from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 
@@ -20,17 +19,18 @@ def predict(args) -> None:
     args.checkpoint = args.checkpoint or inference.checkpoint_path(PROJECT_ROOT / "output", "best")
     try:
         log = logs.setup_logging(None, env.rank)
-        # One read of the checkpoint: the model, and what predicting needs (class names, how inputs were read).
-        model, description = inference.load_with_data(args.checkpoint, env.device)
+        task = seam.Task()  # the three files a user owns, the one way to them
+        # One read of the checkpoint: the model, and what predicting needs (the outputs' names, how inputs were read).
+        model, description = inference.load_with_data(args.checkpoint, env.device, task=task)
         source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank)
-        inputs, keys = build_predict_set(source, description)
+        inputs, keys = task.predict_set(source, description)
 
         # Whole batches dealt to the processes: each input's batch, so its prediction, is the same on any number.
         loader = loaders.predict_loader(inputs, args.batch_size, args.workers, env)
         mine = []
         batches = logs.progress_bar(loader, env.is_main, "predict")
         for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
-            mine += zip(loader.batch_sampler.indices(number), inference.predict(model, batch), strict=True)
+            mine += zip(loader.batch_sampler.indices(number), inference.predict(model, batch, task), strict=True)
         gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
         rows = [row for _, row in sorted(gathered, key=lambda part: part[0])]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings
+from {{ cookiecutter.project_slug }} import cli, settings, workspace
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "SLURM_NTASKS")
 
@@ -34,7 +34,7 @@ def test_an_explicit_archive_alone_is_extracted_beside_itself(tmp_path):
 def test_without_data_flags_the_project_uses_its_sample_data_and_names_no_archive_to_extract_first():
     args = cli.parse_args([])
 
-    assert Path(args.data_dir) == cli.SAMPLE_DATA_DIR
+    assert Path(args.data_dir) == workspace.SAMPLE_DATA_DIR
     assert args.dataset_zip is None  # the sample datasets extract data/digits.zip when they read it
     assert args.synthetic == (settings.DATASET == "synthetic")
 

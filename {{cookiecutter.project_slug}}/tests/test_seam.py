@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from {{ cookiecutter.project_slug }} import seam
+from {{ cookiecutter.project_slug }} import batches, seam
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
@@ -67,13 +67,13 @@ class Task:
 def test_a_task_whose_best_metric_or_direction_is_not_stated_is_one_line(metric, mode, message):
     task = type("Broken", (), {"BEST_METRIC": metric, "BEST_MODE": mode})
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        seam.check_task(task)
+        seam.Task(task=task)
 
 
 def test_metrics_without_the_best_metric_are_one_line_naming_the_function():
     task = type("Broken", (Task,), {"BEST_METRIC": "f1"})
     with pytest.raises(UserError, match=r"task.metrics\(\) returned \['acc', 'loss'\], without 'f1'"):
-        seam.metrics_of(task, [(0, {"loss": 1.0, "correct": 3.0}, {})], 4)
+        seam.Task(task=task).metrics([(0, {"loss": 1.0, "correct": 3.0}, {})], 4)
 
 
 def test_sums_add_in_batch_order_and_per_sample_values_come_back_in_dataset_order():
@@ -83,7 +83,7 @@ def test_sums_add_in_batch_order_and_per_sample_values_come_back_in_dataset_orde
     parts = [(0, {"loss": 1.0}, {"index": np.array([1, 2])}), (2, {"loss": 3.0}, {"index": np.array([5])}),
              (1, {"loss": 2.0}, {"index": np.array([3, 4])})]  # fmt: skip
 
-    assert seam.metrics_of(task, parts, 5) == {"loss": 6.0, "acc": 0.0, "order": 12345.0}
+    assert seam.Task(task=task).metrics(parts, 5) == {"loss": 6.0, "acc": 0.0, "order": 12345.0}
 
 
 @pytest.mark.parametrize(
@@ -104,44 +104,48 @@ def test_a_batch_the_task_cannot_read_is_one_line_naming_the_function_and_the_ba
 
 
 def test_a_loss_that_is_not_a_scalar_is_one_line():
+    task = type("NotAScalar", (Task,), {"training_loss": staticmethod(lambda model, batch: np.zeros(8))})
     with pytest.raises(UserError, match=r"returned ndarray\[8\] for a batch of ndarray\[8, 2\]: it must return"):
-        seam.checked_loss(np.zeros(8), np.zeros((8, 2)))
+        seam.Task(task=task).training_loss(None, np.zeros((8, 2)))
 
 
-def test_the_data_description_falls_back_for_datasets_that_say_nothing():
-    assert seam.data_description(object(), 2) == {"classes": ["0", "1"], "num_classes": 2}
+def test_the_data_description_of_a_dataset_that_says_nothing_is_the_networks_outputs():
+    assert seam.data_description(object(), 2) == {"num_classes": 2}
 
 
 def test_a_datasets_own_description_is_kept_as_it_is_with_the_class_count():
     description = {"columns": ["age", "bmi"], "mean": [50.0, 26.0]}
     table = type("Table", (), {"description": description})()
 
-    assert seam.data_description(table, 1) == {
-        "columns": ["age", "bmi"], "mean": [50.0, 26.0], "classes": ["0"], "num_classes": 1,
-    }  # fmt: skip
+    assert seam.data_description(table, 1) == {"columns": ["age", "bmi"], "mean": [50.0, 26.0], "num_classes": 1}
 
 
 def wide_cnn(num_classes, channels=3, width=128):
     return num_classes, channels, width
 
 
+def with_model(build_model) -> seam.Task:
+    return seam.Task(model=type("Model", (), {"build_model": staticmethod(build_model)}))
+
+
 def test_model_options_of_the_command_line_go_over_the_datas_and_the_checkpoint_keeps_them_for_predicting():
-    options = seam.chosen_options(wide_cnn, [("width", 4096), ("channels", 1), ("width", 512)])  # the last one wins
+    task = with_model(wide_cnn)
+    options = task.chosen_options([("width", 4096), ("channels", 1), ("width", 512)])  # the last one wins
     images = type("Images", (), {"description": dict(channels=3)})()
     saved = json.loads(json.dumps(seam.data_description(images, 2, options)))  # plain values, as a checkpoint holds
 
-    assert wide_cnn(2, **seam.model_options(wide_cnn, saved)) == (2, 1, 512)
-    assert "model_options" not in seam.data_description(images, 2, seam.chosen_options(wide_cnn, []))
+    assert task.network(saved) == (2, 1, 512)
+    assert "model_options" not in seam.data_description(images, 2, task.chosen_options([]))
 
 
 def test_a_model_option_build_model_does_not_take_is_one_line_naming_those_it_takes():
     for name in ("depth", "num_classes"):  # num_classes comes from the data
         with pytest.raises(UserError) as error:
-            seam.chosen_options(wide_cnn, [(name, 3)])
+            with_model(wide_cnn).chosen_options([(name, 3)])
         assert str(error.value) == (
             f"--model-option {name}: build_model() in model.py takes no such parameter; it takes channels, width"
         )
-    assert seam.chosen_options(lambda num_classes, **options: None, [("depth", 3)]) == {"depth": 3}
+    assert with_model(lambda num_classes, **options: None).chosen_options([("depth", 3)]) == {"depth": 3}
 
 
 def test_model_options_fill_only_the_arguments_build_model_takes():
@@ -156,11 +160,12 @@ def test_model_options_fill_only_the_arguments_build_model_takes():
     def for_text(num_classes, vocab_size):
         return num_classes, vocab_size
 
-    assert seam.model_options(plain, description) == {}
-    assert seam.model_options(with_channels, description) == {"channels": 1}
-    assert for_text(2, **seam.model_options(for_text, description)) == (2, 900)
-    assert seam.model_options(with_channels, {**description, "channels": None}) == {}  # not known: the default
-    assert seam.model_options(lambda num_classes, target_mean=1.0: None, {"target_mean": 0.0}) == {"target_mean": 0.0}
+    assert with_model(plain).model_options(description) == {}
+    assert with_model(with_channels).model_options(description) == {"channels": 1}
+    assert with_model(for_text).network(description, 2) == (2, 900)
+    assert with_model(with_channels).model_options({**description, "channels": None}) == {}  # not known: the default
+    targets = with_model(lambda num_classes, target_mean=1.0: None)
+    assert targets.model_options({"target_mean": 0.0}) == {"target_mean": 0.0}
 
 
 def boxes(count: int) -> dict:
@@ -186,7 +191,7 @@ def boxes(count: int) -> dict:
     ],
 )
 def test_a_batch_counts_its_samples_whatever_its_structure(batch, samples):
-    assert seam.sample_count(batch) == samples
+    assert batches.sample_count(batch) == samples
 
 
 @pytest.mark.parametrize(
@@ -199,17 +204,17 @@ def test_a_batch_counts_its_samples_whatever_its_structure(batch, samples):
 )
 def test_a_batch_that_cannot_be_counted_is_one_line(batch, problem):
     with pytest.raises(UserError, match=problem):
-        seam.sample_count(batch)
+        batches.sample_count(batch)
 
 
 def test_per_sample_values_of_different_lengths_are_padded_with_minus_100_in_dataset_order_however_dealt():
     seen = []
     task = type("Tagging", (Task,), {"metrics": staticmethod(
         lambda sums, per_sample, count: seen.append(per_sample["tags"]) or {"loss": 0.0, "acc": 0.0})})  # fmt: skip
-    batches = [np.array([[1, 2], [3, -100]]), np.array([[4, 5, 6]]), np.array([[7], [8]])]  # padded per batch
+    tags = [np.array([[1, 2], [3, -100]]), np.array([[4, 5, 6]]), np.array([[7], [8]])]  # padded per batch
 
     for order in ([0, 1, 2], [0, 2, 1], [2, 1, 0]):  # one process; two (rank 0: 0 and 2); three, gathered rank by rank
-        seam.metrics_of(task, [(number, {}, {"tags": batches[number]}) for number in order], 5)
+        seam.Task(task=task).metrics([(number, {}, {"tags": tags[number]}) for number in order], 5)
 
     expected = [[1, 2, -100], [3, -100, -100], [4, 5, 6], [7, -100, -100], [8, -100, -100]]
     assert len(seen) == 3 and all(np.array_equal(tags, expected) for tags in seen)
@@ -224,7 +229,7 @@ def test_a_mask_of_different_lengths_is_padded_with_false_and_stays_a_mask():
 def test_values_whose_number_of_dimensions_changes_are_one_line():
     parts = [(0, {}, {"x": np.zeros((2, 3))}), (1, {}, {"x": np.zeros(2)})]
     with pytest.raises(UserError, match="per-sample 'x' has 1 and 2 dimensions in different batches"):
-        seam.metrics_of(Task, parts, 4)
+        seam.Task(task=Task).metrics(parts, 4)
 
 
 def test_a_collate_error_becomes_a_batch_that_says_it_naming_the_collate():
@@ -236,10 +241,10 @@ def test_a_collate_error_becomes_a_batch_that_says_it_naming_the_collate():
             return {"text": str(index)}
 
     Texts.collate = staticmethod(collate)
-    batch = seam.GuardedCollate(Texts(), None)([seam.GuardedDataset(Texts())[0]])
+    batch = batches.GuardedCollate(Texts(), None)([batches.GuardedDataset(Texts())[0]])
 
     with pytest.raises(UserError, match=r"collate\(\) in test_seam.py raised KeyError: 'label'$"):
-        seam.sample_count(batch)
+        batches.sample_count(batch)
 
 
 def test_a_partial_collate_that_makes_what_the_loops_cannot_read_is_named_by_its_function():
@@ -250,7 +255,7 @@ def test_a_partial_collate_that_makes_what_the_loops_cannot_read_is_named_by_its
         pass
 
     Texts.collate = functools.partial(collate, extra=[1])
-    batch = seam.GuardedCollate(Texts(), None)([{"text": "a"}])
+    batch = batches.GuardedCollate(Texts(), None)([{"text": "a"}])
 
     with pytest.raises(UserError, match=r"collate\(\) in test_seam.py made a batch of set: the loops cannot read"):
-        seam.sample_count(batch)
+        batches.sample_count(batch)

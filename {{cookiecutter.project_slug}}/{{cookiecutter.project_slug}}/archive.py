@@ -89,7 +89,8 @@ def _take_extraction_lock(lock: FileLock, archive: Path, target: Path, timeout: 
 def prepare_dataset(
     dataset_zip: str | None, data_dir: str, *, max_gb: float, lock_timeout: float, local_rank: int
 ) -> None:
-    """run.py's data step: extract the archive, if there is one, into `data_dir`, once per machine."""
+    """run.py's data step, once per machine: extract the archive, if there is one, into `data_dir`; or the bundled
+    sample's archive, where `data_dir` is its folder."""
     if dataset_zip:
         ensure_extracted(
             dataset_zip,
@@ -98,13 +99,8 @@ def prepare_dataset(
             lock_timeout=lock_timeout,
             show_progress=show_progress_here(local_rank),
         )
-
-
-def extract_sample_for(data_dir: str | Path) -> None:
-    """Extract the bundled sample archive where it belongs, when `data_dir` is its folder: only the datasets
-    that read the sample need it, so they ask for it, and a project's own data never waits for it."""
-    if SAMPLE_ARCHIVE.is_file() and Path(data_dir).resolve() == SAMPLE_DATA_DIR:
-        ensure_extracted(SAMPLE_ARCHIVE, SAMPLE_DATA_DIR, show_progress=False)
+    elif SAMPLE_ARCHIVE.is_file() and Path(data_dir).resolve() == SAMPLE_DATA_DIR:
+        ensure_extracted(SAMPLE_ARCHIVE, SAMPLE_DATA_DIR, lock_timeout=lock_timeout, show_progress=False)
 
 
 def is_junk(path: str | PurePath) -> bool:

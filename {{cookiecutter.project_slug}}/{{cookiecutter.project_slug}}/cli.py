@@ -1,4 +1,5 @@
-"""Command-line flags of run.py and predict.py; the same for every framework and launcher."""
+"""Command-line flags of run.py and predict.py: the same for every framework and launcher, and those that data.py and
+task.py declare (OPTIONS, PREDICT_OPTIONS)."""
 
 import argparse
 import ast
@@ -10,8 +11,8 @@ from typing import NoReturn
 from . import workspace
 from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK, SAMPLE
-from .workspace import ARCHIVE_SUFFIXES, SAMPLE_DATA_DIR
 
+TASK_FILES = ("data.py", "task.py")  # the user's files that may declare options of run.py and predict.py
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05
 STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp", "sharding")}[FRAMEWORK]
@@ -70,6 +71,13 @@ def model_option(text: str) -> tuple[str, object]:
         read = value
     # Scalars only, as a checkpoint's description records them (seam.data_description()); a list stays text.
     return name, read if isinstance(read, (bool, int, float, str, type(None))) else value
+
+
+# The types an option of data.py or task.py may name.
+TYPES = {
+    "int": int, "float": float, "str": str, "positive_int": positive_int, "positive_number": positive_number,
+    "fraction": fraction,
+}  # fmt: skip
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -136,45 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--data-dir",
-        help="the unpacked dataset, train/<class>/* and val/<class>/*, or one folder holding them "
-        f"(default: data/{SAMPLE}, or a folder beside --dataset-zip named after it)",
+        help="the unpacked dataset, as data.py reads it (its docstring says what it holds), or one folder holding "
+        f"it (default: data/{SAMPLE}, or a folder beside --dataset-zip named after it)",
     )
     parser.add_argument(
         "--dataset-zip",
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
         + (f" (default: none; data/{SAMPLE}.zip is extracted when the sample is read)" if DATASET == "zip" else ""),
     )
-    parser.add_argument(
-        "--labels-csv",
-        metavar="FILE",
-        help="labels from a CSV file with a header row: image path (relative to --data-dir), class name; "
-        "a relative FILE not found from here is looked for in --data-dir",
-    )
-    parser.add_argument(
-        "--val-fraction",
-        type=fraction,
-        default=0.1,
-        help="without a validation split (no val/ folder or val.csv, or no labels-CSV row under val/): the part "
-        "of the data (of each class) held out for validation, the same on every rank and run for a given --seed",
-    )
-    parser.add_argument(
-        "--image-size",
-        type=positive_int,
-        metavar="N",
-        help="side in pixels images are resized to (default: IMAGE_SIZE in data.py, 16 for the sample digits)",
-    )
-    parser.add_argument(
-        "--channels", type=int, choices=(1, 3), help="1: grey, 3: RGB images (default: CHANNELS in data.py, 3)"
-    )
-    parser.add_argument(
-        "--target", default="target", metavar="NAME", help="regression: the CSV column to learn (default: target)"
-    )
-    parser.add_argument(
-        "--num-classes",
-        type=positive_int,
-        metavar="N",
-        help="segmentation: the number of classes (default: the largest index in the training masks, plus one)",
-    )
+    add_task_options(parser, "OPTIONS")
     batches = parser.add_mutually_exclusive_group()
     batches.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     batches.add_argument(
@@ -294,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.Namespace:
-    parser = build_parser()
+    parser = _one_line_on_error(build_parser)
     args = parser.parse_args(argv)
     args.output_dir = workspace.output_dir(args.output_dir, args.train_url)  # the one place that decides it
     if getattr(args, "sharding_stage", 1) > 1 and args.strategy != "sharding":
@@ -302,7 +280,7 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     if args.strategy == "sharding":  # the loop's name for it, and the log's
         args.strategy = f"sharding stage {args.sharding_stage}"
     try:
-        resolve_data_paths(args, quiet)
+        workspace.resolve_data_paths(args, quiet)
     except PlatformError as error:
         parser.exit(2, f"error: {error}\n")
     if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
@@ -310,7 +288,19 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     return args
 
 
+def _one_line_on_error(build) -> argparse.ArgumentParser:
+    """build()'s parser; a task option that cannot be one (data.py's, task.py's) ends the process in one line."""
+    try:
+        return build()
+    except PlatformError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
 def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return _one_line_on_error(build_predict_parser).parse_args(argv)
+
+
+def build_predict_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="predict.py",
         description="Predict every input of a file, a folder or an archive with a checkpoint, in the task's "
@@ -324,21 +314,13 @@ def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--input",
         required=True,
-        help="what to predict, as data.build_predict_set() reads it (images: a folder at any depth; a table or "
-        "texts: a CSV file), or an archive of it (.zip, .tar.gz, ...)",
+        help="what to predict, as data.build_predict_set() reads it (a file or a folder), or an archive of it "
+        "(.zip, .tar.gz, ...)",
     )
     parser.add_argument(
-        "--output", help="the file (or folder) to write, by rank 0 (default: the task's, predictions.csv for a CSV)"
+        "--output", help="the file (or folder) to write, by rank 0 (default: task.write_predictions()'s)"
     )
-    parser.add_argument(
-        "--sample-submission",
-        metavar="FILE",
-        help="a competition's sample CSV: its header, its ID column (an input's file name without its extension) "
-        "and its row order are followed; the second column gets the prediction",
-    )
-    parser.add_argument(
-        "--probabilities", action="store_true", help="add a column with the predicted class's probability"
-    )
+    add_task_options(parser, "PREDICT_OPTIONS")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="inputs per forward pass")
     parser.add_argument(
         "--workers",
@@ -347,7 +329,48 @@ def parse_predict_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the cores each process may use, less one, at most 8)",
     )
     add_process_flags(parser)
-    return parser.parse_args(argv)
+    return parser
+
+
+def add_task_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """The options data.py and task.py declare in their dict `name` (OPTIONS: run.py's; PREDICT_OPTIONS:
+    predict.py's), flag: add_argument()'s keywords, "type" by name (TYPES)."""
+    for file in TASK_FILES:
+        for flag, keywords in task_options(file, name).items():
+            keywords = dict(keywords)
+            if keywords.get("type") not in (None, *TYPES):
+                raise PlatformError(
+                    f"{file}: {name}[{flag!r}] has type {keywords['type']!r}: use one of {', '.join(TYPES)}"
+                )
+            if "type" in keywords:
+                keywords["type"] = TYPES[keywords["type"]]
+            try:
+                parser.add_argument(flag, **keywords)
+            except (argparse.ArgumentError, TypeError, ValueError) as error:
+                raise PlatformError(f"{file}: {name}[{flag!r}] cannot be an option ({error})") from None
+
+
+def task_options(file: str, name: str) -> dict:
+    """The dict `name` of the package's `file`, read from its text: importing the file would import the framework,
+    slow to load, and on a GPU build start CUDA in a notebook's kernel (where run.py's flags are read too)."""
+    path = Path(__file__).with_name(file)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError) as error:
+        raise PlatformError(f"{file} cannot be read for its options ({type(error).__name__}: {error})") from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+            try:
+                options = ast.literal_eval(node.value)
+            except ValueError:
+                options = None
+            if not isinstance(options, dict) or not all(isinstance(value, dict) for value in options.values()):
+                raise PlatformError(
+                    f"{file}: {name} must be a dict of plain values, flag: add_argument()'s keywords "
+                    "(it is read from the file's text)"
+                )
+            return options
+    return {}
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
@@ -370,43 +393,6 @@ def add_process_flags(parser: argparse.ArgumentParser) -> None:
     # torch.distributed.launch passes --local-rank (or --local_rank on old versions);
     # the LOCAL_RANK variable it also sets is what the code reads.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-
-
-def resolve_data_paths(args: argparse.Namespace, quiet: bool = False) -> None:
-    """Which archive to extract, and where.
-
-    An explicit --data-dir alone means "my data is already there": nothing is extracted.
-    An explicit --dataset-zip alone extracts into a folder beside it, named after it (elsewhere, with a
-    line saying where, if that folder cannot be written).
-    ModelArts's --data_url fills in whichever of the two it holds and the user did not give.
-    Neither: the bundled sample's folder, data/<SAMPLE>; in a dataset=zip project the datasets that read it
-    extract data/<SAMPLE>.zip there first (archive.extract_sample_for()), so that a project whose own
-    build_datasets() reads other data never extracts it. --synthetic needs no data: nothing is extracted.
-    """
-    if args.data_url:
-        archive, folder = workspace.data_url_paths(args.data_url, ARCHIVE_SUFFIXES)
-        args.dataset_zip = args.dataset_zip or archive
-        if args.dataset_zip is None and args.data_dir is None:
-            args.data_dir = folder
-    args.dataset_zip, args.data_dir = workspace.in_workspace(args.dataset_zip), workspace.in_workspace(args.data_dir)
-    if args.dataset_zip:
-        if args.data_dir is None:
-            target, note = workspace.writable_target(folder_for_archive(Path(args.dataset_zip)))
-            args.data_dir = str(target)
-            if note and not quiet:
-                workspace.say_once_per_machine(note)
-    elif args.data_dir is None:
-        args.data_dir = str(SAMPLE_DATA_DIR)
-    if args.synthetic:
-        args.dataset_zip = None
-
-
-def folder_for_archive(archive: Path) -> Path:
-    name = archive.name
-    for suffix in ARCHIVE_SUFFIXES:
-        if name.lower().endswith(suffix):
-            return archive.with_name(name[: -len(suffix)])
-    return archive.with_name(name + ".data")
 
 
 def parse_export_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,5 +1,8 @@
-"""Whole batches dealt to the ranks, for validation and prediction: the same batches whatever the number of
-processes, so each sample's numbers are too, and every sample is counted once (no padding)."""
+"""Which samples go where, the same on every rank: whole batches dealt to the ranks, for validation and prediction
+(the same batches whatever the number of processes, so each sample's numbers are too, and every sample is counted
+once: no padding); the samples held out for validation."""
+
+import numpy as np
 
 
 class DealtBatches:
@@ -54,3 +57,18 @@ def padding_of(size: int, consumed: int, world_size: int) -> int:
 def share_size(size: int, consumed: int, world_size: int) -> int:
     """The length of each rank's rest_of_epoch()."""
     return (size - min(consumed, size) + padding_of(size, consumed, world_size)) // world_size
+
+
+def split_by_label(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(kept, held out): sorted indices, `fraction` of each label's samples held out for validation (rounded; at
+    least one of a label of two or more, never all of one). Each label draws from a generator of its own, (seed,
+    label), never the global one: the same split on every rank and every run for a seed, and samples added to one
+    label change nothing of another's."""
+    labels_array = np.asarray(labels)
+    held: set[int] = set()
+    for label in sorted(set(labels)):
+        members = np.flatnonzero(labels_array == label)
+        count = 0 if len(members) < 2 else min(len(members) - 1, max(1, int(fraction * len(members) + 0.5)))
+        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, int(label)])
+        held.update(rng.permutation(members)[:count].tolist())
+    return [index for index in range(len(labels)) if index not in held], sorted(held)

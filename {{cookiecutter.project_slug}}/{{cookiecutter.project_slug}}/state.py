@@ -17,6 +17,10 @@ from .errors import UserError, disk_full
 
 log = logging.getLogger(__name__)
 
+# The best checkpoint of this template's first versions, before task.py said what picks it (their checkpoints hold
+# best_acc, and no metric's name): the sample's accuracy, higher is better.
+FIRST_BEST = ("acc", "max")
+
 
 @dataclass
 class EpochProgress:
@@ -52,8 +56,10 @@ class TrainingState:
     # The learning rate its schedule decays from (not compared: two states at the same point are equal whatever
     # rate build_optimizer() gave them).
     base_lr: float | None = field(default=None, compare=False)
-    best_metric: str = "acc"  # task.BEST_METRIC, without val_
-    best_mode: str = "max"  # task.BEST_MODE: "max" or "min"
+    # task.BEST_METRIC (without val_) and BEST_MODE, "max" or "min"; by default the loss, which every task's metrics()
+    # return.
+    best_metric: str = "loss"
+    best_mode: str = "min"
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -127,7 +133,7 @@ class CheckpointerBase:
 
     def __init__(
         self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None,
-        best: tuple[str, str] = ("acc", "max"),
+        best: tuple[str, str] = ("loss", "min"),
     ):  # fmt: skip
         self.directory = Path(directory)
         self.env = env
@@ -314,12 +320,11 @@ class CheckpointerBase:
 
     @staticmethod
     def _state_of(saved: dict, progress: EpochProgress) -> TrainingState:
-        # A checkpoint from before task.py (best_acc, no metric's name) was chosen by classification's accuracy.
-        best_value = saved["best_value"] if "best_metric" in saved else saved["best_acc"]
+        best_value = saved["best_value"] if "best_metric" in saved else saved[f"best_{FIRST_BEST[0]}"]
         return TrainingState(
             saved["epoch"], best_value, progress,
             saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
-            saved.get("best_metric", "acc"), saved.get("best_mode", "max"),
+            saved.get("best_metric", FIRST_BEST[0]), saved.get("best_mode", FIRST_BEST[1]),
         )  # fmt: skip
 
     def _moved(self, saved: list[dict]) -> EpochProgress:

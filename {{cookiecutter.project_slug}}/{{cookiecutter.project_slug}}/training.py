@@ -3,24 +3,10 @@
 import time
 from pathlib import Path
 
-from . import (
-    archive,
-    cli,
-    distributed,
-    engine,
-    folder_lock,
-    loaders,
-    logs,
-    preemption,
-    seam,
-    task,
-    tracking,
-)
+from . import archive, cli, distributed, engine, folder_lock, loaders, logs, preemption, seam, tracking
 from .checkpoint import Checkpointer
-from .data import build_datasets
 from .errors import UserError, explain_user_errors
 from .loader_watch import LoaderWatch
-from .model import build_model, build_optimizer
 
 
 @explain_user_errors
@@ -32,50 +18,49 @@ def train(args) -> None:
     try:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
-        seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
-        # The --model-option names build_model() takes.
-        options = seam.chosen_options(build_model, args.model_option, shown=env.local_rank == 0)
+        task = seam.Task()  # the three files a user owns, the one way to them; BEST_METRIC checked before any work
+        options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
         )  # fmt: skip
         distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
-        train_set, val_set, num_classes = build_datasets(args)
+        train_set, val_set, outputs = task.datasets(args)
         train_loader, val_loader = loaders.build_loaders(
             train_set, val_set, args.batch_size, args.workers, args.seed, env
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # What predicting needs (class names, ..., --model-option's), saved with every checkpoint; build_model() gets
-        # the parts it names as parameters (the images' channels, a vocabulary's size, ...).
-        data = seam.data_description(train_set, num_classes, options)
+        # What predicting needs (data.py's description, --model-option's), saved with every checkpoint; build_model() gets
+        # the parts it names as parameters.
+        data = seam.data_description(train_set, outputs, options)
         # --init-from under fsdp/hsdp: rank 0 alone builds the whole network, the others build it on the meta device
         # (no memory); wrap_model() sends each its shards of rank 0's weights, resume() those of the file rank 0 reads.
         with engine.whole_on_rank0_only(env, args.strategy, args.init_from):
-            network = build_model(num_classes, **seam.model_options(build_model, data))
+            network = task.network(data)
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
         model = distributed.wrap_model(
             network, env, args.find_unused_parameters, args.compile, args.channels_last, args.strategy,
-            args.activation_checkpointing, amp_dtype,
+            args.activation_checkpointing, amp_dtype, task.units,
         )  # fmt: skip
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        optimizer = build_optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
+        optimizer = task.optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         scaler = engine.grad_scaler(amp_dtype)
         model, optimizer, scaler = distributed.wrap_optimizer(model, optimizer, scaler, args.strategy)
 
         output_dir = Path(args.output_dir)
-        best = (task.BEST_METRIC, task.BEST_MODE)  # what picks best.*
+        best = (task.best_metric, task.best_mode)  # what picks best.*
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, best)
         checkpoints.every_steps = args.save_every_steps
         checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
-            _evaluate(model, val_loader, env, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
+            _evaluate(model, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
             return
-        engine.check_task(model, val_loader, env, amp_dtype)  # metrics() on a first batch: its mistakes now, not later
+        engine.check_task(model, val_loader, env, task, amp_dtype)  # metrics() on two batches: its mistakes now
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         state.switch_precision(amp_dtype)
         workers = train_loader.num_workers
@@ -99,13 +84,13 @@ def train(args) -> None:
             for epoch in range(state.epochs_done + 1, args.epochs + 1):
                 started = time.perf_counter()
                 train_stats = engine.train_one_epoch(
-                    model, train_loader, optimizer, scaler, env, epoch, state.progress, stop,
+                    model, train_loader, optimizer, scaler, env, epoch, state.progress, stop, task,
                     grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
                     amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints,
                 )  # fmt: skip
                 scheduler.step()
                 with engine.collective_timeouts(f"epoch {epoch}'s validation and save", env):
-                    val_stats = engine.evaluate(model, val_loader, env, amp_dtype)
+                    val_stats = engine.evaluate(model, val_loader, env, task, amp_dtype)
                     tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
                     checkpoints.end_epoch(epoch, val_stats)
                     stop.after_epoch(env, epoch, args.epochs)
@@ -125,12 +110,14 @@ def train(args) -> None:
         distributed.cleanup()
 
 
-def _evaluate(model, val_loader, env, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
+def _evaluate(model, val_loader, env, task: seam.Task, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
     if checkpoint is None:
         raise UserError(
             f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
             "or --init-from PATH",
             shown=env.local_rank == 0,
         )
-    logs.report_evaluation(output_dir, engine.evaluate(model, val_loader, env, amp_dtype), env.is_main, checkpoint)
+    logs.report_evaluation(
+        output_dir, engine.evaluate(model, val_loader, env, task, amp_dtype), env.is_main, checkpoint
+    )
     distributed.barrier()

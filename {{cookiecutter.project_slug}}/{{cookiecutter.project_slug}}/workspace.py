@@ -84,3 +84,39 @@ def say_once_per_machine(line: str) -> None:
     """Print `line` from one process per machine: the first of the launcher's, or the one before any."""
     if os.environ.get("LOCAL_RANK", os.environ.get("PADDLE_LOCAL_RANK", "0")) == "0":
         print(line, flush=True)
+
+
+def resolve_data_paths(args, quiet: bool = False) -> None:
+    """Which archive to extract, and where.
+
+    An explicit --data-dir alone means "my data is already there": nothing is extracted.
+    An explicit --dataset-zip alone extracts into a folder beside it, named after it (elsewhere, with a
+    line saying where, if that folder cannot be written).
+    ModelArts's --data_url fills in whichever of the two it holds and the user did not give.
+    Neither: the bundled sample's folder, data/<SAMPLE>; in a dataset=zip project the datasets that read it
+    extract data/<SAMPLE>.zip there first (archive.prepare_dataset()). --synthetic needs no data: nothing is extracted.
+    """
+    if args.data_url:
+        archive, folder = data_url_paths(args.data_url, ARCHIVE_SUFFIXES)
+        args.dataset_zip = args.dataset_zip or archive
+        if args.dataset_zip is None and args.data_dir is None:
+            args.data_dir = folder
+    args.dataset_zip, args.data_dir = in_workspace(args.dataset_zip), in_workspace(args.data_dir)
+    if args.dataset_zip:
+        if args.data_dir is None:
+            target, note = writable_target(folder_for_archive(Path(args.dataset_zip)))
+            args.data_dir = str(target)
+            if note and not quiet:
+                say_once_per_machine(note)
+    elif args.data_dir is None:
+        args.data_dir = str(SAMPLE_DATA_DIR)
+    if args.synthetic:
+        args.dataset_zip = None
+
+
+def folder_for_archive(archive: Path) -> Path:
+    name = archive.name
+    for suffix in ARCHIVE_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return archive.with_name(name[: -len(suffix)])
+    return archive.with_name(name + ".data")

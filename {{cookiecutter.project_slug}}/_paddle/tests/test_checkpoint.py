@@ -23,13 +23,20 @@ PAIR = ["last.pdopt", "last.pdparams"]
 FILES = ["last.json", *PAIR]  # and the data description, for predict.py
 
 
+ACC = ("acc", "max")  # these tests' runs pick best.* by an accuracy
+
+
+def acc_state(*args, **kwargs) -> TrainingState:
+    return TrainingState(*args, best_metric="acc", best_mode="max", **kwargs)
+
+
 def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: model, env: DistEnv = CPU) -> Checkpointer:
     # Paddle keys optimizer state by parameter names: start them afresh, as in a new process.
     with paddle.utils.unique_name.guard():
         model = wrap(nn.Linear(4, out_features))
         optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
         scheduler = engine.cosine_schedule(optimizer, 10)
-    return Checkpointer(directory, env, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False))
+    return Checkpointer(directory, env, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False), best=ACC)
 
 
 def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
@@ -61,7 +68,7 @@ def assert_same_weights(left: dict, right: dict) -> None:
 
 def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
     """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
-    saver.state = TrainingState(epoch - 1, None if is_best else best_acc)
+    saver.state = acc_state(epoch - 1, None if is_best else best_acc)
     saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
 
 
@@ -100,10 +107,10 @@ def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_pat
 
 def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
     saver = build_checkpointer(tmp_path)
-    saver.state = TrainingState(2, 0.5)
+    saver.state = acc_state(2, 0.5)
     saver.save_stopped(Stopped(3, EpochProgress(7, 3.25, 112)))
 
-    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(2, 0.5, EpochProgress(7, 3.25, 112))
+    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(7, 3.25, 112))
 
 
 def test_saves_every_n_steps_fall_on_every_nth_optimizer_step_and_only_when_asked(tmp_path):
@@ -116,16 +123,16 @@ def test_saves_every_n_steps_fall_on_every_nth_optimizer_step_and_only_when_aske
 
 def test_a_step_save_is_a_mid_epoch_checkpoint_that_resumes_where_it_was(tmp_path):
     saver = build_checkpointer(tmp_path)
-    saver.state = TrainingState(2, 0.5)
+    saver.state = acc_state(2, 0.5)
     saver.save_progress(EpochProgress(10, 4.5, 160, consumed=320))
 
-    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(2, 0.5, EpochProgress(10, 4.5, 160, 320))
+    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(10, 4.5, 160, 320))
 
 
 def save_of_two_ranks(directory, monkeypatch) -> None:
     """A mid-epoch checkpoint as two ranks write it: 10 batches of 16 each, 320 samples of the epoch's order."""
     saver = build_checkpointer(directory)
-    saver.state = TrainingState(2, 0.5)
+    saver.state = acc_state(2, 0.5)
     with monkeypatch.context() as patch:
         ranks = lambda mine: [mine, (mine[0], EpochProgress(10, 5.5, 160, 320).to_dict())]  # noqa: E731
         patch.setattr(checkpoint.distributed, "all_gather_object", ranks)
@@ -160,7 +167,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     resumer = build_checkpointer(tmp_path)
     assert not np.array_equal(resumer.model.weight.numpy(), saver.model.weight.numpy())
 
-    assert resumer.resume("auto") == TrainingState(2, 0.75, EpochProgress())
+    assert resumer.resume("auto") == acc_state(2, 0.75, EpochProgress())
 
     assert draw_random_numbers() == numbers_after_save
     assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
@@ -179,11 +186,11 @@ def test_a_checkpoint_from_before_task_py_resumes_its_best_as_accuracy(tmp_path)
 
     resumed = build_checkpointer(tmp_path).resume("auto")
 
-    assert resumed == TrainingState(2, 0.75, EpochProgress(), best_metric="acc", best_mode="max")
+    assert resumed == acc_state(2, 0.75, EpochProgress())
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == TrainingState(0, None, EpochProgress())
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == acc_state(0, None, EpochProgress())
 
 
 def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
@@ -191,7 +198,7 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
     fresh = build_checkpointer(tmp_path)
     weights = weights_of(fresh.model)
 
-    assert fresh.resume("none") == TrainingState(0, None, EpochProgress())
+    assert fresh.resume("none") == acc_state(0, None, EpochProgress())
     assert_same_weights(weights_of(fresh.model), weights)
 
 
@@ -199,7 +206,7 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
 def test_resume_from_an_explicit_path_loads_that_pair(tmp_path, name):
     save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == TrainingState(
+    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == acc_state(
         5, 0.6, EpochProgress()
     )
 
@@ -302,7 +309,7 @@ def test_a_full_disk_while_writing_keeps_the_previous_pair_leaves_no_temporary_f
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "best.pdopt", "best.pdparams", *FILES]
     assert paddle.load(str(tmp_path / "last.pdopt"))["epoch"] == 1
     assert_same_weights(paddle.load(str(tmp_path / "last.pdparams")), weights_at_1)
-    assert build_checkpointer(tmp_path).resume("auto") == TrainingState(1, 0.5, EpochProgress())
+    assert build_checkpointer(tmp_path).resume("auto") == acc_state(1, 0.5, EpochProgress())
 
 
 def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, monkeypatch):
@@ -329,7 +336,7 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
 
     resumer = build_checkpointer(tmp_path)
     # ... and the next start finishes the save first
-    assert resumer.resume("auto") == TrainingState(2, 0.5, EpochProgress())
+    assert resumer.resume("auto") == acc_state(2, 0.5, EpochProgress())
 
     assert_same_weights(weights_of(resumer.model), weights_at_2)
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES
@@ -460,7 +467,7 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu(tmp_path, monkeypatch):
 
     resumer = build_checkpointer(tmp_path)
 
-    assert resumer.resume("auto") == TrainingState(2, 0.75, EpochProgress())
+    assert resumer.resume("auto") == acc_state(2, 0.75, EpochProgress())
     assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
 
 

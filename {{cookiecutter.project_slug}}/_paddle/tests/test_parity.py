@@ -22,7 +22,7 @@ from conftest import rank_results, save_rank_result
 from paddle import nn
 from paddle.io import TensorDataset
 
-from {{ cookiecutter.project_slug }} import distributed, engine, loaders
+from {{ cookiecutter.project_slug }} import distributed, engine, loaders, seam
 from {{ cookiecutter.project_slug }}.preemption import StopRequest
 from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
 
@@ -51,7 +51,7 @@ def cross_entropy(model, batch) -> paddle.Tensor:
     return F.cross_entropy(model(inputs), labels)
 
 
-CLASSIFICATION = SimpleNamespace(training_loss=cross_entropy)
+CLASSIFICATION = seam.Task(task=SimpleNamespace(BEST_METRIC="loss", BEST_MODE="min", training_loss=cross_entropy))
 
 
 def momentum(model: nn.Layer) -> paddle.optimizer.Optimizer:
@@ -64,14 +64,24 @@ def with_own_loop(network: nn.Layer, loader, env, grad_accum: int, strategy="ddp
     stop, clip = StopRequest(), clip_grad_norm
     return [
         engine.train_one_epoch(
-            model, loader, optimizer, scaler, env, epoch, EpochProgress(), stop, grad_accum, clip_grad_norm=clip
-        )
+            model,
+            loader,
+            optimizer,
+            scaler,
+            env,
+            epoch,
+            EpochProgress(),
+            stop,
+            CLASSIFICATION,
+            grad_accum,
+            clip_grad_norm=clip,
+        )  # fmt: skip
         for epoch in range(1, EPOCHS + 1)
     ]
 
 
 def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
-    model = fit.paddle_model(network, loader)
+    model = fit.paddle_model(network, loader, CLASSIFICATION)
     model.prepare(momentum(network), fit.accumulated_loss(grad_accum))
     epochs = []
     end_epoch = fit.EpochEnd(
@@ -82,24 +92,19 @@ def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
 
 
 LOOPS = {"own loop": with_own_loop}
-LOOP_MODULES = [engine]  # the modules whose loops call task.training_loss()
 if importlib.util.find_spec("{{ cookiecutter.project_slug }}.fit"):  # paddle_api=highlevel
     from {{ cookiecutter.project_slug }} import fit
 
     LOOPS["paddle.Model.fit"] = with_fit
-    LOOP_MODULES.append(fit)
 
 
 def train(loop: str, batch_size: int, grad_accum: int, **options) -> dict:
     """Train with the project's loaders, model wrapper and loop; return parameters and per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
-        with pytest.MonkeyPatch.context() as patch:  # in this process: a spawned rank's, or the test's own
-            for module in LOOP_MODULES:
-                patch.setattr(module, "task", CLASSIFICATION)
-            train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
-            network = build_model()
-            epochs = LOOPS[loop](network, train_loader, env, grad_accum, **options)
+        train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
+        network = build_model()
+        epochs = LOOPS[loop](network, train_loader, env, grad_accum, **options)
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [p.numpy().copy() for p in network.parameters()],

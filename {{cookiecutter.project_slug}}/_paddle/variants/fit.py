@@ -21,11 +21,13 @@ import paddle
 from paddle.io import DataLoader
 from paddle.static import InputSpec
 
-from . import distributed, loaders, seam, task
+from . import distributed, loaders
+from .batches import sample_count
 from .distributed import DistEnv
 from .loader_watch import LoaderWatch
 from .logs import LossLog
 from .preemption import Diverged, Stopped, StopRequest
+from .seam import Task
 from .state import EpochProgress, TrainingState
 from .tracking import Tracker
 
@@ -39,18 +41,16 @@ class TaskLoss(paddle.nn.Layer):
     """The network with task.training_loss() on top, for fit(): forward() takes a flattened batch (`structure`:
     one batch as the loader makes it) and returns the task's loss."""
 
-    def __init__(self, network: paddle.nn.Layer, structure):
+    def __init__(self, network: paddle.nn.Layer, structure, task: Task):
         super().__init__()
-        self.network, self.structure = network, structure
+        self.network, self.structure, self.task = network, structure, task
 
     def forward(self, *flat):
-        batch = paddle.utils.pack_sequence_as(self.structure, list(flat))
-        with seam.calling("training_loss", batch):
-            return seam.checked_loss(task.training_loss(self.network, batch), batch)
+        return self.task.training_loss(self.network, paddle.utils.pack_sequence_as(self.structure, list(flat)))
 
 
 def paddle_model(
-    network: paddle.nn.Layer, loader: DataLoader, compile: bool = False, channels_last: bool = False,
+    network: paddle.nn.Layer, loader: DataLoader, task: Task, compile: bool = False, channels_last: bool = False,
     activation_checkpointing: bool = False,
 ) -> paddle.Model:  # fmt: skip
     """paddle.Model around the network and the task's loss, for the batches of `loader` (--compile,
@@ -62,10 +62,10 @@ def paddle_model(
     # The package's own helper, as wrap_model() uses it.
     distributed._say_pytorch_only(compile, channels_last, activation_checkpointing)
     structure = loader.collate_fn([loader.dataset[0]])
-    seam.sample_count(structure)  # (an error of the data's code stops here)
+    sample_count(structure)  # (an error of the data's code stops here)
     inputs = [InputSpec([None], name=f"batch_{index}") for index in range(len(paddle.utils.flatten(structure)))]
     with distributed._without_flag_table():
-        return paddle.Model(TaskLoss(network, structure), inputs=inputs, labels=[])
+        return paddle.Model(TaskLoss(network, structure, task), inputs=inputs, labels=[])
 
 
 def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
@@ -91,7 +91,7 @@ def accumulated_loss(grad_accum: int):
 
 class CountedBatches:
     """The training loader as fit() reads it (EpochEnd's `batches`): each batch counted on its way as the basic loop
-    counts it (seam.sample_count(); fit's own count is the first dimension of the batch's first array)."""
+    counts it (batches.sample_count(); fit's own count is the first dimension of the batch's first array)."""
 
     def __init__(self, loader: DataLoader):
         self.loader, self.count = loader, 0
@@ -101,7 +101,7 @@ class CountedBatches:
 
     def __iter__(self):
         for batch in self.loader:
-            self.count = seam.sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
+            self.count = sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
             yield batch
 
 

@@ -14,14 +14,11 @@ from . import (
     logs,
     preemption,
     seam,
-    task,
     tracking,
 )
 from .checkpoint import Checkpointer
-from .data import build_datasets
 from .errors import UserError, explain_user_errors, out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
-from .model import build_model, build_optimizer
 
 
 @explain_user_errors
@@ -39,28 +36,29 @@ def train(args) -> None:
             )
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
-        seam.check_task(task)  # BEST_METRIC and BEST_MODE, before any work
-        # The --model-option names build_model() takes.
-        options = seam.chosen_options(build_model, args.model_option, shown=env.local_rank == 0)
+        task = seam.Task()  # the three files a user owns, the one way to them; BEST_METRIC checked before any work
+        options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
         )  # fmt: skip
         distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
-        train_set, val_set, num_classes = build_datasets(args)
+        train_set, val_set, outputs = task.datasets(args)
         train_loader, val_loader = loaders.build_loaders(
             train_set, val_set, args.batch_size, args.workers, args.seed, env
         )
 
         engine.seed_everything(args.seed)  # the same initial weights on every rank
-        # What predicting needs (class names, ..., --model-option's), saved with every checkpoint; build_model() gets
+        # What predicting needs (data.py's description, --model-option's), saved with every checkpoint; build_model() gets
         # the parts it names as parameters (the images' channels, a vocabulary's size, ...).
-        data = seam.data_description(train_set, num_classes, options)
-        network = build_model(num_classes, **seam.model_options(build_model, data))
+        data = seam.data_description(train_set, outputs, options)
+        network = task.network(data)
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        model = fit.paddle_model(network, train_loader, args.compile, args.channels_last, args.activation_checkpointing)
+        model = fit.paddle_model(
+            network, train_loader, task, args.compile, args.channels_last, args.activation_checkpointing
+        )
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        optimizer = build_optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
+        optimizer = task.optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
         fit.clip_gradients(optimizer, args.clip_grad_norm)
         scheduler = engine.cosine_schedule(optimizer, args.epochs)
         # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
@@ -71,16 +69,18 @@ def train(args) -> None:
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(
             output_dir / "checkpoints", env, network, optimizer, scheduler, data=data,
-            best=(task.BEST_METRIC, task.BEST_MODE),
+            best=(task.best_metric, task.best_mode),
         )  # fmt: skip
         checkpoints.every_steps = args.save_every_steps
         checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
-            _evaluate(network, val_loader, env, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
+            _evaluate(network, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
             return
-        engine.check_task(network, val_loader, env, amp_dtype)  # metrics() on a first batch: mistakes now, not later
+        engine.check_task(
+            network, val_loader, env, task, amp_dtype
+        )  # metrics() on a first batch: mistakes now, not later
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
         state.switch_precision(amp_dtype)
         # (After the resume: the accumulation steps may be the checkpoint's.)
@@ -101,7 +101,7 @@ def train(args) -> None:
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
-            val_stats = engine.evaluate(network, val_loader, env, amp_dtype)
+            val_stats = engine.evaluate(network, val_loader, env, task, amp_dtype)
             tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
             checkpoints.end_epoch(epoch, val_stats)
             stop.after_epoch(env, epoch, args.epochs)
@@ -134,12 +134,14 @@ def train(args) -> None:
         distributed.cleanup()
 
 
-def _evaluate(network, val_loader, env, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
+def _evaluate(network, val_loader, env, task: seam.Task, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
     if checkpoint is None:
         raise UserError(
             f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
             "or --init-from PATH",
             shown=env.local_rank == 0,
         )
-    logs.report_evaluation(output_dir, engine.evaluate(network, val_loader, env, amp_dtype), env.is_main, checkpoint)
+    logs.report_evaluation(
+        output_dir, engine.evaluate(network, val_loader, env, task, amp_dtype), env.is_main, checkpoint
+    )
     distributed.barrier()

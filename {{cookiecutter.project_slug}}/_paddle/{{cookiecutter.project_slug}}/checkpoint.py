@@ -3,10 +3,10 @@
 DIR/checkpoints/last.pdparams is the model's state dict (paddle.load() it into
 any copy of the model); last.pdopt beside it holds everything else needed to
 continue: optimizer (with the learning-rate schedule inside), AMP scaler,
-epochs done, best accuracy, every rank's RNG states and, after a SIGTERM stop,
-how far each rank is into the next epoch; last.json how the images were read
-(class names, size, channels, mean and std), for predict.py. best.* is a copy
-of the epoch with the best validation accuracy.
+epochs done, the best value of task.py's BEST_METRIC, every rank's RNG states and,
+after a SIGTERM stop, how far each rank is into the next epoch; last.json what
+predicting needs (the data's description: how inputs were read), for predict.py.
+best.* is a copy of the epoch with the best value.
 
 Several files cannot be replaced in one atomic step, so a save goes through a
 folder, and a folder rename is atomic:

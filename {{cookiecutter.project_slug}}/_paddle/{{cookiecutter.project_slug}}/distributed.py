@@ -287,12 +287,13 @@ def sync_batch_norm(model: paddle.nn.Layer, env: DistEnv, enabled: bool) -> padd
 def wrap_model(
     model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
     channels_last: bool = False, strategy: str = "ddp", activation_checkpointing: bool = False, amp_dtype=None,
+    units: tuple = (),
 ) -> paddle.nn.Layer:  # fmt: skip
     """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
 
     Under fleetrun, and for sharding stage 1 (sharding.py), fleet.init() makes its groups here and
     fleet.distributed_model() wraps; stages 2 and 3 wrap model and optimizer together in wrap_optimizer().
-    --compile, --channels-last and --activation-checkpointing are PyTorch's: paddle's counterparts
+    --compile, --channels-last and --activation-checkpointing (with FSDP's `units`) are PyTorch's: paddle's counterparts
     (paddle.jit.to_static, a data_format per layer, recompute()) change the model itself, so the log says they
     are not applied.
     """

@@ -2,17 +2,19 @@
 
 `model = load_for_inference(checkpoint_path("output", "best"))`, then `rows = predict(model, batch)`: a
 batch as data.build_predict_set()'s loader makes them (numpy arrays or tensors), one row per input, as
-task.predict_step() makes it (classification: the class index and its probability).
+task.predict_step() makes it (classification: the class index and its probability). Both take the project's
+seam.Task(), or one given (a notebook's own).
 """
 
 from pathlib import Path
 
 import paddle
 
-from . import loaders, seam, task
+from . import loaders
+from .batches import sample_count
 from .checkpoint import BEST, LAST, newest, read_weights
 from .errors import UserError
-from .model import build_model
+from .seam import Task
 
 
 def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
@@ -37,29 +39,31 @@ def pick_device(device: str = "auto") -> str:
 
 def checkpoint_data(checkpoint: str | Path) -> dict:
     """What a checkpoint of run.py records for predicting (seam.data_description()): class names, and what the
-    task's data needs (image size and channels, a table's statistics, a vocabulary); {} for a bare state dict."""
+    task's data needs to read inputs as training did (data.py's description); {} for a bare state dict."""
     return read_weights(Path(checkpoint))[1]
 
 
-def load_for_inference(checkpoint: str | Path, device: str = "auto", num_classes: int | None = None) -> paddle.nn.Layer:
+def load_for_inference(
+    checkpoint: str | Path, device: str = "auto", num_classes: int | None = None, task: Task | None = None
+) -> paddle.nn.Layer:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the checkpoint's, or for bare weights the size of the last
-    tensor saved (the classifier's bias in most networks). build_model() gets what the checkpoint records that
-    it names as parameters (channels, a vocabulary's size, ...). A last.pdparams or best.pdparams run.py wrote.
+    tensor saved (the last layer's bias in most networks). build_model() gets what the checkpoint records that
+    it names as parameters. A last.pdparams or best.pdparams run.py wrote.
     """
-    return load_with_data(checkpoint, device, num_classes)[0]
+    return load_with_data(checkpoint, device, num_classes, task)[0]
 
 
 def load_with_data(
-    checkpoint: str | Path, device: str = "auto", num_classes: int | None = None
+    checkpoint: str | Path, device: str = "auto", num_classes: int | None = None, task: Task | None = None
 ) -> tuple[paddle.nn.Layer, dict]:
     """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
     (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
     weights, data = read_weights(checkpoint)
-    num_classes = num_classes or data.get("num_classes") or int(list(weights.values())[-1].shape[0])
-    model = build_model(num_classes, **seam.model_options(build_model, data))
+    outputs = num_classes or data.get("num_classes") or int(list(weights.values())[-1].shape[0])
+    model = (task or Task()).network(data, outputs)
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in weights or list(weights[key].shape) != list(value.shape):
@@ -74,10 +78,9 @@ def load_with_data(
 
 
 @paddle.no_grad()
-def predict(model: paddle.nn.Layer, batch) -> list:
+def predict(model: paddle.nn.Layer, batch, task: Task | None = None) -> list:
     """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
     place = next(iter(model.parameters())).place
-    seam.sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
+    sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
     batch = loaders.to_device(batch, "cpu" if place.is_cpu_place() else f"gpu:{place.gpu_device_id()}")
-    with seam.calling("predict_step", batch):
-        return list(task.predict_step(model, batch))
+    return (task or Task()).predict_rows(model, batch)

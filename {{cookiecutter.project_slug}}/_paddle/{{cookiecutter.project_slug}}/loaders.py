@@ -13,11 +13,11 @@ from paddle.io import DataLoader, Dataset, DistributedBatchSampler
 from paddle.io.dataloader.collate import default_collate_fn
 
 from . import hardware
+from .batches import GuardedCollate, GuardedDataset
 from .child_processes import end_with_the_rank
 from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
 from .errors import UserError
-from .seam import GuardedCollate, GuardedDataset
 
 
 class ResumableSampler(DistributedBatchSampler):
@@ -99,7 +99,7 @@ def train_sampler(loader: DataLoader) -> ResumableSampler:
 
 
 def _exit_when_a_loader_thread_fails(failure, previous=threading.__excepthook__) -> None:
-    """An error raised while reading a batch (a corrupt image) ends the process, with one line for a UserError.
+    """An error raised while reading a batch (an unreadable file) ends the process, with one line for a UserError.
 
     Paddle's DataLoader reads batches in a thread of the training process. With
     --workers 0 an error there ends only that thread, and training then waits for its

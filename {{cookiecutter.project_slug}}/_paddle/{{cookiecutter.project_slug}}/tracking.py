@@ -2,7 +2,7 @@
 
 One records file, visualdl/vdlrecords.run.log: the training loss at each logged optimizer
 step (tag train/loss), and the numbers of each metrics.jsonl line at step = epoch (tags
-epoch/val_acc, ...). VisualDL shows one file per folder, the newest, so a resumed run
+epoch/val_loss, ...). VisualDL shows one file per folder, the newest, so a resumed run
 appends to the same file; first it drops what a killed run wrote past the checkpoint
 (steps after start_step, epochs after start_epoch), so the curves continue without repeats.
 

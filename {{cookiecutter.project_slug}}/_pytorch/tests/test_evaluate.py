@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.project_slug }} import engine, loaders
+from {{ cookiecutter.project_slug }} import engine, loaders, seam
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 
 CPU = torch.device("cpu")
@@ -28,12 +28,9 @@ def metrics(sums: dict, per_sample: dict, count: int) -> dict:
     return {"loss": sums["loss"] / count, "acc": sums["correct"] / count, "labels_seen": len(per_sample["labels"])}
 
 
-ACCURACY_TASK = SimpleNamespace(BEST_METRIC="acc", BEST_MODE="max", validation_step=validation_step, metrics=metrics)
-
-
-@pytest.fixture(autouse=True)
-def accuracy_task(monkeypatch):
-    monkeypatch.setattr(engine, "task", ACCURACY_TASK)
+ACCURACY_TASK = seam.Task(
+    task=SimpleNamespace(BEST_METRIC="acc", BEST_MODE="max", validation_step=validation_step, metrics=metrics)
+)
 
 
 def env_of(rank: int, world_size: int) -> DistEnv:
@@ -48,7 +45,7 @@ def test_evaluate_reports_loss_and_accuracy_over_every_validation_sample_once():
     env = env_of(0, 1)
     _, val_loader = loaders.build_loaders(val_set, val_set, 4, 0, 0, env)  # 10 samples: batches of 4, 4 and 2
 
-    stats = engine.evaluate(nn.Identity(), val_loader, env)
+    stats = engine.evaluate(nn.Identity(), val_loader, env, ACCURACY_TASK)
 
     assert stats["samples"] == 10
     assert stats["labels_seen"] == 10
@@ -63,7 +60,7 @@ def test_evaluate_leaves_the_model_in_eval_mode_and_does_not_train_it():
     env = env_of(0, 1)
     _, val_loader = loaders.build_loaders(val_set, val_set, 4, 0, 0, env)
 
-    engine.evaluate(model, val_loader, env)
+    engine.evaluate(model, val_loader, env, ACCURACY_TASK)
 
     assert not model.training
     assert torch.equal(model.weight, weights)

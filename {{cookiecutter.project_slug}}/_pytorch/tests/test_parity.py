@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.project_slug }} import distributed, engine, loaders
+from {{ cookiecutter.project_slug }} import distributed, engine, loaders, seam
 from {{ cookiecutter.project_slug }}.preemption import StopRequest
 from {{ cookiecutter.project_slug }}.state import EpochProgress
 
@@ -52,7 +52,7 @@ def cross_entropy(model, batch) -> torch.Tensor:
     return F.cross_entropy(model(inputs), labels)
 
 
-CLASSIFICATION = SimpleNamespace(training_loss=cross_entropy)
+CLASSIFICATION = seam.Task(task=SimpleNamespace(BEST_METRIC="loss", BEST_MODE="min", training_loss=cross_entropy))
 
 
 def train(batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False) -> dict:
@@ -60,22 +60,29 @@ def train(batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bo
     per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
     try:
-        with pytest.MonkeyPatch.context() as patch:  # in this process: a spawned rank's, or the test's own
-            patch.setattr(engine, "task", CLASSIFICATION)
-            train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
-            network = small_mlp()
-            forwards = count_forwards(network)
-            model = distributed.wrap_model(network, env, strategy=strategy, activation_checkpointing=recompute)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-            scaler = engine.grad_scaler(False)
-            epochs = [
-                engine.train_one_epoch(
-                    model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), grad_accum
-                )
-                for epoch in range(1, EPOCHS + 1)
-            ]
-            # The whole tensors on every rank (a sharded model's gathered from all of them).
-            weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
+        network = small_mlp()
+        forwards = count_forwards(network)
+        model = distributed.wrap_model(network, env, strategy=strategy, activation_checkpointing=recompute)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        scaler = engine.grad_scaler(False)
+        epochs = [
+            engine.train_one_epoch(
+                model,
+                train_loader,
+                optimizer,
+                scaler,
+                env,
+                epoch,
+                EpochProgress(),
+                StopRequest(),
+                CLASSIFICATION,
+                grad_accum,
+            )  # fmt: skip
+            for epoch in range(1, EPOCHS + 1)
+        ]
+        # The whole tensors on every rank (a sharded model's gathered from all of them).
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         return {
             # Plain numpy arrays and numbers only: tensors do not travel well between processes.
             "parameters": [weight.detach().numpy().copy() for weight in weights.values()],

@@ -220,11 +220,12 @@ def sync_batch_norm(model: torch.nn.Module, env: DistEnv, enabled: bool) -> torc
 def wrap_model(
     model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
     channels_last: bool = False, strategy: str = "ddp", activation_checkpointing: bool = False,
-    amp_dtype: str | None = None,
+    amp_dtype: str | None = None, units: tuple = (),
 ) -> torch.nn.Module:  # fmt: skip
     """The model on this rank's device (in channels-last memory format with --channels-last: convolutions then
     run on channels-last inputs), on several ranks in DistributedDataParallel (`strategy` ddp) or sharded by
-    FSDP2 (fsdp, hsdp: fsdp.py), then torch.compile()d with --compile (the order PyTorch documents).
+    FSDP2 (fsdp, hsdp: fsdp.py; by its `units`, model.py's FSDP_UNITS), then torch.compile()d with --compile (the
+    order PyTorch documents).
     unwrap() gives the model back without DDP's and compile's wrappers (FSDP's shards stay)."""
     sharded = fsdp.shards(strategy, env.world_size)
     if strategy != "ddp" and not sharded:
@@ -233,12 +234,12 @@ def wrap_model(
     memory_format = torch.channels_last if channels_last else torch.preserve_format
     model = model.to(None if sharded else env.device, memory_format=memory_format)
     if activation_checkpointing:
-        fsdp.checkpoint_activations(model)
+        fsdp.checkpoint_activations(model, units)
     if sharded:
         machines = env.world_size // env.local_world_size if strategy == "hsdp" else 1
         if strategy == "hsdp" and machines == 1:
             _log.info("--strategy hsdp on one machine: sharded over its processes, as fsdp")
-        model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype)
+        model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype, units)
     elif env.world_size > 1:
         device_ids = [env.local_rank] if env.on_gpu else None
         model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)

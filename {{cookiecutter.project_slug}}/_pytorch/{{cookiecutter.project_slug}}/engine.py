@@ -18,12 +18,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from . import distributed, fsdp, hardware, loaders, seam, stalled_ranks, task
+from . import distributed, fsdp, hardware, loaders, stalled_ranks
+from .batches import sample_count
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .loader_watch import LoaderWatch
 from .logs import LossLog, progress_bar
 from .preemption import Diverged, Stopped, StopRequest
+from .seam import Task
 from .state import EpochProgress
 from .tracking import Tracker
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
-    stop: StopRequest, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
+    stop: StopRequest, task: Task, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
     watch: LoaderWatch | None = None, amp_dtype: str | None = None, clip_grad_norm: float | None = None,
     saves=None,
 ) -> dict:  # fmt: skip
@@ -63,14 +65,14 @@ def train_one_epoch(
     # A rank that stopped answering: the error names the epoch and the step the others waited in.
     with collective_timeouts(lambda: f"epoch {epoch} step {step}/{steps}", env):
         for step, batch in enumerate(batches, start + 1):
-            count = seam.sample_count(batch)  # (an error of the data's code, raised in a loader worker, stops here)
+            count = sample_count(batch)  # (an error of the data's code, raised in a loader worker, stops here)
             batch = loaders.to_device(batch, env.device)
             # Counted from the pass's start (a stop's step, a whole number of the accumulation of the run it stopped).
             steps_now = (step - start) % grad_accum == 0 or step == steps
             # Gradients are reduced only on the micro-batch that steps the optimizer.
             with _gradient_sync(model, steps_now):
-                with _autocast(env, amp_dtype), seam.calling("training_loss", batch):
-                    loss = seam.checked_loss(task.training_loss(model, batch), batch)
+                with _autocast(env, amp_dtype):
+                    loss = task.training_loss(model, batch)
                 scaler.scale(loss / grad_accum).backward()
             if steps_now:
                 if clip_grad_norm is not None:
@@ -124,7 +126,7 @@ def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
-def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> dict:
+def evaluate(model, loader: DataLoader, env: DistEnv, task: Task, amp_dtype: str | None = None) -> dict:
     """task.metrics() over the whole validation set, and its size ("samples"), in the training's precision.
 
     The loader deals whole batches to the ranks (loaders.DealtBatches): each batch is the same
@@ -139,19 +141,19 @@ def evaluate(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = No
     _rank_0s_buffers(model, env)
     model.eval()
     mine = [
-        _contribution(model, batch, number, dealt, env, amp_dtype)
+        _contribution(model, batch, number, dealt, env, task, amp_dtype)
         for number, batch in zip(dealt.numbers, loader, strict=True)
     ]
     for _ in range(dealt.most_batches - len(dealt.numbers) if sharded else 0):
-        _contribution(model, _batch(loader, 0), 0, dealt, env, amp_dtype)
+        _contribution(model, _batch(loader, 0), 0, dealt, env, task, amp_dtype)
     # One collective after the loop (ranks have different numbers of batches): every rank gets every batch's part.
     everyone = [part for rank in distributed.all_gather_object(mine) for part in rank]
-    return {**seam.metrics_of(task, everyone, dealt.dataset_size), "samples": dealt.dataset_size}
+    return {**task.metrics(everyone, dealt.dataset_size), "samples": dealt.dataset_size}
 
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 @torch.no_grad()
-def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = None) -> None:
+def check_task(model, loader: DataLoader, env: DistEnv, task: Task, amp_dtype: str | None = None) -> None:
     """task.validation_step() and metrics() on this rank's first and last validation batches, before training: a
     metric they miss, or a batch they cannot read, ends the run now in one line (training_loss() meets its first
     batch at the first step); two batches, mostly of different sizes, so that metrics() meets per-sample values
@@ -166,11 +168,11 @@ def check_task(model, loader: DataLoader, env: DistEnv, amp_dtype: str | None = 
     mine = dealt.numbers or [0]  # (a sharded model's ranks without a batch run batch 0, for nothing)
     # Two forwards on every rank, as a sharded model's ranks must meet in each.
     parts = {
-        number: _contribution(model, _batch(loader, number), number, dealt, env, amp_dtype)
+        number: _contribution(model, _batch(loader, number), number, dealt, env, task, amp_dtype)
         for number in (mine[0], mine[-1])
     }
     if dealt.numbers:
-        seam.metrics_of(task, list(parts.values()), sum(map(dealt.size_of, parts)))
+        task.metrics(list(parts.values()), sum(map(dealt.size_of, parts)))
 
 
 def _batch(loader: DataLoader, number: int):
@@ -197,13 +199,12 @@ def _rank_0s_buffers(model, env: DistEnv) -> None:
             dist.broadcast(buffer, src=0)
 
 
-def _contribution(model, batch, number: int, dealt, env: DistEnv, amp_dtype: str | None) -> tuple:
+def _contribution(model, batch, number: int, dealt, env: DistEnv, task: Task, amp_dtype: str | None) -> tuple:
     """Batch `number`'s (number, sums, per-sample values) from task.validation_step(), in numpy."""
-    seam.sample_count(batch)  # (an error of the data's code, raised in a loader worker, stops here)
+    sample_count(batch)  # (an error of the data's code, raised in a loader worker, stops here)
     batch = loaders.to_device(batch, env.device)
-    with _autocast(env, amp_dtype), seam.calling("validation_step", batch):
-        sums, per_sample = seam.validation_parts(task.validation_step(model, batch), batch)
-    return number, seam.as_float64(sums, _numpy), seam.as_arrays(per_sample, _numpy, dealt.size_of(number))
+    with _autocast(env, amp_dtype):
+        return number, *task.validation_step(model, batch, dealt.size_of(number), _numpy)
 
 
 def _numpy(value) -> np.ndarray:

@@ -1,7 +1,7 @@
 """--strategy fsdp / hsdp (FSDP2): each rank keeps a shard of every parameter, its gradient and its optimizer state.
 
 The model is sharded unit by unit: the modules of the classes model.py names in FSDP_UNITS (for a transformer,
-one line: FSDP_UNITS = (nn.TransformerEncoderLayer,)), or else each direct child of the model that holds
+one line: FSDP_UNITS = (nn.TransformerEncoderLayer,); seam.Task.units), or else each direct child of the model that holds
 parameters; then the whole model, for what is left. A unit's full parameters exist only during its forward and
 backward, so a rank holds its shards and one whole unit at a time. --activation-checkpointing recomputes the
 same units' activations in the backward pass instead of keeping them (any strategy).
@@ -15,7 +15,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from . import model as user_model
 from .errors import UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -26,7 +25,9 @@ def shards(strategy: str, world_size: int) -> bool:
     return world_size > 1 and strategy in ("fsdp", "hsdp")
 
 
-def shard(model: nn.Module, device_type: str, world_size: int, machines: int, amp_dtype: str | None) -> nn.Module:
+def shard(
+    model: nn.Module, device_type: str, world_size: int, machines: int, amp_dtype: str | None, unit_types: tuple = ()
+) -> nn.Module:
     """`model` sharded over the job's ranks (machines 1: fsdp), or within each machine and replicated across the
     `machines` (hsdp: a shard's all-gathers stay on the machine's fast links). Its parameters compute in the
     run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32.
@@ -38,7 +39,7 @@ def shard(model: nn.Module, device_type: str, world_size: int, machines: int, am
     policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(amp_dtype), reduce_dtype=torch.float32)
     from_rank0 = any(_every_rank(_on_meta(model)))  # rank 0, which sends, must know too: one small collective
     whole = model.state_dict() if from_rank0 and dist.get_rank() == 0 else {}  # kept until the shards are sent
-    for unit in units(model):
+    for unit in units(model, unit_types):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     if from_rank0:
@@ -68,24 +69,24 @@ def _every_rank(value) -> list:
     return gathered
 
 
-def checkpoint_activations(model: nn.Module) -> None:
+def checkpoint_activations(model: nn.Module, unit_types: tuple = ()) -> None:
     """--activation-checkpointing: the units' activations are recomputed in the backward pass (state dict keys
     unchanged)."""
-    for unit in units(model):
+    for unit in units(model, unit_types):
         checkpoint(unit)
 
 
-def units(model: nn.Module) -> list[nn.Module]:
-    """The modules of FSDP_UNITS's classes (the outermost ones), or the model's children that hold parameters."""
-    classes = tuple(getattr(user_model, "FSDP_UNITS", ()))
-    if not classes:
+def units(model: nn.Module, types: tuple = ()) -> list[nn.Module]:
+    """The modules of `types` (model.py's FSDP_UNITS; the outermost ones), or the model's children that hold
+    parameters."""
+    if not types:
         return [child for child in model.children() if next(child.parameters(), None) is not None]
     found = []
     for module in model.modules():
-        if module is not model and isinstance(module, classes) and not any(_within(module, unit) for unit in found):
+        if module is not model and isinstance(module, types) and not any(_within(module, unit) for unit in found):
             found.append(module)
     if not found:
-        names = ", ".join(cls.__name__ for cls in classes)
+        names = ", ".join(kind.__name__ for kind in types)
         raise UserError(f"model.py: FSDP_UNITS names {names}, of which build_model()'s network has no module")
     return found
 

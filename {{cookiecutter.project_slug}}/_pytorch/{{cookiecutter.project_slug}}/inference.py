@@ -2,17 +2,19 @@
 
 `model = load_for_inference(checkpoint_path("output", "best"))`, then `rows = predict(model, batch)`: a
 batch as data.build_predict_set()'s loader makes them (numpy arrays or tensors), one row per input, as
-task.predict_step() makes it (classification: the class index and its probability).
+task.predict_step() makes it (classification: the class index and its probability). Both take the project's
+seam.Task(), or one given (a notebook's own).
 """
 
 from pathlib import Path
 
 import torch
 
-from . import loaders, seam, task
+from . import loaders
+from .batches import sample_count
 from .checkpoint import BEST, LAST, newest, read_weights
 from .errors import UserError
-from .model import build_model
+from .seam import Task
 
 
 def checkpoint_path(output_dir: str | Path, which: str = "best") -> Path:
@@ -33,33 +35,39 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
 
 def checkpoint_data(checkpoint: str | Path) -> dict:
     """What a checkpoint of run.py records for predicting (seam.data_description()): class names, and what the
-    task's data needs (image size and channels, a table's statistics, a vocabulary); {} for a bare state dict."""
+    task's data needs to read inputs as training did (data.py's description); {} for a bare state dict."""
     return read_weights(Path(checkpoint))[1]
 
 
 def load_for_inference(
-    checkpoint: str | Path, device: str | torch.device = "auto", num_classes: int | None = None
+    checkpoint: str | Path,
+    device: str | torch.device = "auto",
+    num_classes: int | None = None,
+    task: Task | None = None,
 ) -> torch.nn.Module:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the checkpoint's, or for a bare state dict the size of the
-    last tensor of its weights (the classifier's bias in most networks). build_model() gets what the checkpoint
-    records that it names as parameters (channels, a vocabulary's size, ...). A last.pt or best.pt run.py
+    last tensor of its weights (the last layer's bias in most networks). build_model() gets what the checkpoint
+    records that it names as parameters. A last.pt or best.pt run.py
     wrote (or the folder of a sharded save), or a bare state dict.
     """
-    return load_with_data(checkpoint, device, num_classes)[0]
+    return load_with_data(checkpoint, device, num_classes, task)[0]
 
 
 def load_with_data(
-    checkpoint: str | Path, device: str | torch.device = "auto", num_classes: int | None = None
+    checkpoint: str | Path,
+    device: str | torch.device = "auto",
+    num_classes: int | None = None,
+    task: Task | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
     (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
     target = pick_device(device)
     weights, data = read_weights(checkpoint)
-    num_classes = num_classes or data.get("num_classes") or len(list(weights.values())[-1])
-    model = build_model(num_classes, **seam.model_options(build_model, data))
+    outputs = num_classes or data.get("num_classes") or len(list(weights.values())[-1])
+    model = (task or Task()).network(data, outputs)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -69,9 +77,8 @@ def load_with_data(
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, batch) -> list:
+def predict(model: torch.nn.Module, batch, task: Task | None = None) -> list:
     """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
-    seam.sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
+    sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
     batch = loaders.to_device(batch, next(model.parameters()).device)
-    with seam.calling("predict_step", batch):
-        return list(task.predict_step(model, batch))
+    return (task or Task()).predict_rows(model, batch)

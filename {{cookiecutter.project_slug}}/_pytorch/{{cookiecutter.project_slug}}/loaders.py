@@ -7,10 +7,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from . import hardware
+from .batches import GuardedCollate, GuardedDataset
 from .child_processes import end_with_the_rank
 from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
-from .seam import GuardedCollate, GuardedDataset
 
 
 class ResumableSampler(DistributedSampler):

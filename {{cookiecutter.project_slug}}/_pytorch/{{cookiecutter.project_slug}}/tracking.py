@@ -2,7 +2,7 @@
 
 Two runs, each its own event files: tensorboard/steps/ holds the training loss at each
 logged optimizer step (tag train/loss), tensorboard/epochs/ the numbers of each
-metrics.jsonl line at step = epoch (tags epoch/val_acc, ...). A resumed run writes on
+metrics.jsonl line at step = epoch (tags epoch/val_loss, ...). A resumed run writes on
 in the same folders, and TensorBoard drops what a killed run wrote past the checkpoint
 (purge_step), so the curves continue without repeats. Separate runs, because one purge
 step per file applies to all its tags, and epochs and steps count differently.

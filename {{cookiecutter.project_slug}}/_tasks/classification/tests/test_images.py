@@ -114,17 +114,17 @@ def test_the_held_out_split_is_the_same_for_a_seed_and_differs_for_another(tmp_p
     assert len(other.val) == len(first.val) == 20
 
 
-def test_split_by_class_uses_no_global_random_state():
+def test_split_by_label_uses_no_global_random_state():
     np.random.seed(1)
     state = np.random.get_state()[1].copy()
     labels = [i % 3 for i in range(30)]
 
-    train, val = images.split_by_class(labels, 0.3, seed=5)
+    train, val = images.split_by_label(labels, 0.3, seed=5)
 
     assert np.array_equal(np.random.get_state()[1], state)
     assert sorted(train + val) == list(range(30))
-    assert images.split_by_class(labels, 0.3, seed=5) == (train, val)
-    assert images.split_by_class(labels, 0.3, seed=-1)[1]  # a negative seed works too
+    assert images.split_by_label(labels, 0.3, seed=5) == (train, val)
+    assert images.split_by_label(labels, 0.3, seed=-1)[1]  # a negative seed works too
 
 
 def test_csv_rows_under_val_are_the_validation_split(tmp_path):
@@ -304,8 +304,8 @@ def test_model_option_width_widens_the_samples_hidden_layer_to_millions_of_param
     from {{ cookiecutter.project_slug }}.model import build_model
 
     args = cli.parse_args(["--model-option", "width=4096"])
-    description = seam.data_description(object(), 10, seam.chosen_options(build_model, args.model_option))
-    wide = build_model(10, **seam.model_options(build_model, description))
+    task = seam.Task()
+    wide = task.network(seam.data_description(object(), 10, task.chosen_options(args.model_option)))
 
     def parameters(model) -> int:
         return sum(math.prod(parameter.shape) for parameter in model.parameters())

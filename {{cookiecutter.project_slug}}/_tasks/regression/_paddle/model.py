@@ -2,8 +2,9 @@
 (the loss is task.py's).
 
 Any paddle.nn.Layer works: distributed.wrap_model() adds DataParallel around
-it, and checkpoints store the unwrapped model's state dict. task.py expects
-its output in the target's units and its `target_std` (the loss is divided by it).
+it, and checkpoints store the unwrapped model's state dict. task.py calls it
+with the features for predictions in the target's units, and with the targets too for the errors (in the
+target's units and in its standard deviations: the loss's).
 """
 
 import math
@@ -32,8 +33,14 @@ class TableRegressor(nn.Layer):
         self.register_buffer("target_mean", paddle.to_tensor(float(target_mean), dtype="float32"), persistable=False)
         self.register_buffer("target_std", paddle.to_tensor(float(target_std), dtype="float32"), persistable=False)
 
-    def forward(self, features: paddle.Tensor) -> paddle.Tensor:
-        return self.layers(features).squeeze(-1).astype("float32") * self.target_std + self.target_mean
+    def forward(self, features: paddle.Tensor, target: paddle.Tensor | None = None):
+        """The predictions; given the targets, their errors (prediction - target) in the target's units, and in its
+        standard deviations."""
+        prediction = self.layers(features).squeeze(-1).astype("float32") * self.target_std + self.target_mean
+        if target is None:
+            return prediction
+        error = prediction - target.astype("float32")
+        return error, error / self.target_std
 
 
 def build_model(

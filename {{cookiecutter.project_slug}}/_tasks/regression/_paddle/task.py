@@ -6,7 +6,7 @@ predict.py and the notebook call nothing else. Every batch arrives as the loader
 device, in the run's precision.
 
 The model answers in the target's units (model.py); the loss divides the error by the training
-target's standard deviation, the model's `target_std`: training sees a standardised target, so a
+target's standard deviation (the model gives both errors): training sees a standardised target, so a
 target in the thousands trains as well as one near 1, while the metrics stay in the target's units.
 """
 
@@ -15,7 +15,6 @@ import math
 import numpy as np
 import paddle
 
-from .distributed import unwrap
 from .submission import write_csv
 
 BEST_METRIC = "rmse"  # the metric of metrics() that picks checkpoints/best.pdparams
@@ -23,10 +22,10 @@ BEST_MODE = "min"  # "max": higher is better; "min": lower is better
 
 
 def standardised_error(model, batch) -> tuple[paddle.Tensor, paddle.Tensor]:
-    """The batch's errors (prediction - target) in the target's units (float32), and in standard deviations."""
+    """The batch's errors (prediction - target) in the target's units (float32), and in standard deviations: the
+    model's, which knows the training target's."""
     features, target = batch
-    error = model(features).astype("float32") - target.astype("float32")
-    return error, error / unwrap(model).target_std
+    return model(features, target)
 
 
 def training_loss(model, batch) -> paddle.Tensor:

@@ -2,8 +2,9 @@
 (the loss is task.py's).
 
 Any torch.nn.Module works: distributed.wrap_model() moves it to the device and adds
-DDP around it, and checkpoints store the unwrapped model's state dict. task.py expects
-its output in the target's units and its `target_std` (the loss is divided by it).
+DDP around it, and checkpoints store the unwrapped model's state dict. task.py calls it
+with the features for predictions in the target's units, and with the targets too for the errors (in the
+target's units and in its standard deviations: the loss's).
 """
 
 import torch
@@ -24,8 +25,14 @@ class TableRegressor(nn.Module):
         self.register_buffer("target_mean", torch.tensor(float(target_mean)), persistent=False)
         self.register_buffer("target_std", torch.tensor(float(target_std)), persistent=False)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.layers(features).squeeze(-1).float() * self.target_std + self.target_mean
+    def forward(self, features: torch.Tensor, target: torch.Tensor | None = None):
+        """The predictions; given the targets, their errors (prediction - target) in the target's units, and in its
+        standard deviations."""
+        prediction = self.layers(features).squeeze(-1).float() * self.target_std + self.target_mean
+        if target is None:
+            return prediction
+        error = prediction - target.float()
+        return error, error / self.target_std
 
 
 def build_model(

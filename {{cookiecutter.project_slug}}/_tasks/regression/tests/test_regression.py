@@ -155,7 +155,7 @@ def test_a_file_that_is_not_utf8_csv_text_is_one_line_naming_it(table):
 
 def test_the_metrics_are_the_rmse_and_mae_in_the_targets_units_and_the_loss_in_standard_deviations(table):
     train_set, val_set, num_classes = data.build_datasets(args_for(table))
-    model = build_model(num_classes, **seam.model_options(build_model, train_set.description))
+    model = build_model(num_classes, **seam.Task().model_options(train_set.description))
     model.eval()
     features, targets = columns(val_set)
     predictions = np.array(inference.predict(model, features.astype(np.float32)))
@@ -165,7 +165,7 @@ def test_the_metrics_are_the_rmse_and_mae_in_the_targets_units_and_the_loss_in_s
         batch = on_cpu((features[rows].astype(np.float32), targets[rows].astype(np.float32)))
         sums, per_sample = task.validation_step(model, batch)
         parts.append((number, {name: np.float64(float(value.detach())) for name, value in sums.items()}, per_sample))
-    results = seam.metrics_of(task, parts, len(targets))
+    results = seam.Task(task=task).metrics(parts, len(targets))
 
     errors = predictions - targets
     std = train_set.description["target_std"]
@@ -194,7 +194,7 @@ def trained_rmse(target_scale: float, target_shift: float) -> float:
     train[:, -1], val[:, -1] = train[:, -1] * target_scale + target_shift, val[:, -1] * target_scale + target_shift
     description = data.describe(names, "target", train)
     engine.seed_everything(0)
-    model = build_model(1, **seam.model_options(build_model, description))
+    model = build_model(1, **seam.Task().model_options(description))
     optimizer = build_optimizer(model, 0.01)
     features, targets = data.standardised(train[:, :-1], description).astype(np.float32), train[:, -1]
     for start in range(0, len(train), 64):
@@ -236,7 +236,7 @@ def test_the_description_survives_a_checkpoint_as_plain_values_and_reads_new_row
 
     assert keys == [f"p{n}" for n in range(40, 50)]
     assert np.stack([np.asarray(inputs[i]) for i in range(len(inputs))]) == pytest.approx(columns(val_set)[0])
-    assert seam.model_options(build_model, description) == {
+    assert seam.Task().model_options(description) == {
         "num_features": 3, "target_mean": description["target_mean"], "target_std": description["target_std"],
     }  # fmt: skip
 

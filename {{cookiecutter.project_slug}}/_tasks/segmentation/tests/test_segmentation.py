@@ -146,8 +146,8 @@ def test_miou_from_batches_summed_equals_a_count_over_every_pixel_of_the_classes
     for number, start in enumerate(range(0, count, 3)):  # batches of 3, 3 and 1
         batch = (tensor(np.zeros((min(3, count - start), 1, 6, 6), np.float32)), tensor(masks[start : start + 3]))
         sums, _ = task.validation_step(model, batch)
-        contributions.append((number, seam.as_float64(sums, np.asarray), {}))
-    results = seam.metrics_of(task, contributions, count)
+        contributions.append((number, {name: np.asarray(value, np.float64) for name, value in sums.items()}, {}))
+    results = seam.Task(task=task).metrics(contributions, count)
 
     predicted = scores.argmax(axis=1)
     ious = [
@@ -171,7 +171,7 @@ def test_a_checkpoints_description_reads_new_images_as_training_read_them(tmp_pa
     assert description["classes"] == ["0", "1", "2"] and description["channels"] == 1
     assert keys[0] == ("000.png", (8, 8))
     assert np.array_equal(np.asarray(inputs[0]), np.asarray(train[0][0]))
-    network = build_model(num_classes, **seam.model_options(build_model, description))
+    network = build_model(num_classes, **seam.Task().model_options(description))
     network.eval()
     assert tuple(network(tensor(np.asarray(inputs[0])[None])).shape) == (1, 3, 12, 12)
 

@@ -97,10 +97,10 @@ def test_without_val_csv_a_part_of_each_class_is_held_out(texts):
 def test_the_held_out_rows_are_the_same_for_a_seed_and_never_a_whole_class():
     labels = [0] * 10 + [1] * 30 + [2]
 
-    train, val = data.split_by_class(labels, 0.1, seed=0)
+    train, val = data.split_by_label(labels, 0.1, seed=0)
 
-    assert (train, val) == data.split_by_class(labels, 0.1, seed=0)
-    assert val != data.split_by_class(labels, 0.1, seed=1)[1]
+    assert (train, val) == data.split_by_label(labels, 0.1, seed=0)
+    assert val != data.split_by_label(labels, 0.1, seed=1)[1]
     assert sorted(labels[i] for i in val) == [0, 1, 1, 1]  # 10% of each class, a class of one kept whole
     assert sorted(train + val) == list(range(len(labels)))
 
@@ -195,7 +195,7 @@ def test_the_description_survives_a_checkpoint_as_plain_values_and_reads_new_tex
 
     assert keys == ["network-0", "network-1"]
     assert [inputs[i]["input_ids"].tolist() for i in range(2)] == [train_set[i]["input_ids"].tolist() for i in (10, 11)]
-    assert seam.model_options(build_model, description) == {"vocab_size": len(description["vocabulary"])}
+    assert seam.Task().model_options(description) == {"vocab_size": len(description["vocabulary"])}
 
 
 def test_texts_to_predict_without_an_id_column_are_numbered_from_0_in_the_files_order(texts, tmp_path):

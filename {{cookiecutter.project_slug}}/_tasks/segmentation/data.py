@@ -1,8 +1,9 @@
 """Datasets. Extension point: replace build_datasets() to train on your own data, build_predict_set() to
 predict on new inputs.
 
-build_datasets(args) returns (train_set, val_set, num_classes); each set is a map-style paddle.io.Dataset
-of (image [channels, S, S] float32, mask [S, S] int64) pairs, S = --image-size. Sampling,
+build_datasets(args) returns (train_set, val_set, num_classes); each set is a map-style dataset (any
+object with __len__ and __getitem__; the framework's own Dataset classes too) of (image [channels, S, S]
+float32, mask [S, S] int64) pairs of arrays, S = --image-size, that the loader makes tensors. Sampling,
 sharding across ranks and batching are done for you in loaders.build_loaders().
 
 The data folder (--data-dir) holds images/ and masks/: for images/a/b.jpg the mask is
@@ -14,30 +15,54 @@ The training set's `description` says how images were read (`image_size`, `chann
 `std`: images are (pixel/255 - mean) / std) and names the classes: checkpoints keep it for predict.py.
 """
 
-import functools
 import logging
 from pathlib import Path
 
 import numpy as np
-import paddle
-from paddle.io import Dataset, TensorDataset
 from PIL import Image
 
-from .archive import dataset_root, extract_sample_for
+from .archive import dataset_root
+from .dealing import split_by_label
 from .errors import UserError
 from .images import (
     IMAGE_EXTENSIONS,
     MEAN,
     STD,
     VAL_FRACTION,
+    Arrays,
+    ImageFiles,
     UnreadableImage,
     find_images,
     load_image,
     option,
-    val_count,
+    predict_images,
+    reader,
 )
 
 log = logging.getLogger(__name__)
+
+# run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
+# add_argument(flag, **keywords), "type" one of int, float, str, positive_int, positive_number, fraction.
+# They are read from this file's text, not by importing it: plain values only.
+OPTIONS = {
+    "--val-fraction": {
+        "type": "fraction",
+        "default": 0.1,
+        "help": "without val/images/ and val/masks/: the part of the images held out for validation, the same "
+        "on every rank and run for a given --seed",
+    },
+    "--image-size": {
+        "type": "positive_int",
+        "metavar": "N",
+        "help": "side in pixels images and masks are resized to (default: IMAGE_SIZE in data.py, 32 for the sample)",
+    },
+    "--channels": {"type": "int", "choices": [1, 3], "help": "1: grey, 3: RGB (default: CHANNELS in data.py, 3)"},
+    "--num-classes": {
+        "type": "positive_int",
+        "metavar": "N",
+        "help": "the number of classes (default: the largest index in the training masks, plus one)",
+    },
+}
 
 IMAGE_SIZE = 32  # the default side images and masks are resized to (--image-size): the sample's own
 CHANNELS = 3  # the default --channels
@@ -51,11 +76,10 @@ SYNTHETIC_TRAIN, SYNTHETIC_VAL = 1024, 256
 Pair = tuple[Path, Path]  # (image, its mask)
 
 
-class SegmentationDataset(Dataset):
+class SegmentationDataset:
     """Image files and their masks, read with Pillow when asked for."""
 
     def __init__(self, pairs: list[Pair], image_size: int, channels: int):
-        super().__init__()
         self.pairs, self.image_size, self.channels = pairs, image_size, channels
 
     def __len__(self) -> int:
@@ -67,14 +91,12 @@ class SegmentationDataset(Dataset):
         return pixels, resize_nearest(read_mask(mask), self.image_size)
 
 
-def build_datasets(args) -> tuple[Dataset, Dataset, int]:
+def build_datasets(args) -> tuple[SegmentationDataset | Arrays, SegmentationDataset | Arrays, int]:
     size, channels = option(args, "image_size", IMAGE_SIZE), option(args, "channels", CHANNELS)
     if args.synthetic:
         images, masks = synthetic_masks(SYNTHETIC_TRAIN + SYNTHETIC_VAL, size, args.seed, channels)
-        # On the CPU, as images read from files would be: the loader moves each batch to the device.
-        images, masks = paddle.to_tensor(images, place="cpu"), paddle.to_tensor(masks, place="cpu")
-        train = TensorDataset([images[:SYNTHETIC_TRAIN], masks[:SYNTHETIC_TRAIN]])
-        val = TensorDataset([images[SYNTHETIC_TRAIN:], masks[SYNTHETIC_TRAIN:]])
+        train = Arrays(images[:SYNTHETIC_TRAIN], masks[:SYNTHETIC_TRAIN])
+        val = Arrays(images[SYNTHETIC_TRAIN:], masks[SYNTHETIC_TRAIN:])
         return describe(train, SYNTHETIC_CLASSES, size, channels), val, SYNTHETIC_CLASSES
     train_pairs, val_pairs = mask_splits(args.data_dir, option(args, "val_fraction", VAL_FRACTION), args.seed)
     num_classes = count_classes(train_pairs, val_pairs, option(args, "num_classes", None))
@@ -93,7 +115,6 @@ def describe(dataset, num_classes: int, image_size: int, channels: int):
 
 def mask_splits(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
     """The (image, mask) pairs for training and for validation: val/ if there is one, else a held-out part."""
-    extract_sample_for(data_dir)
     root = dataset_root(data_dir, "images")
     if not (root / "images").is_dir():
         raise UserError(
@@ -103,13 +124,11 @@ def mask_splits(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[l
     train = find_pairs(root / "images", root / "masks")
     if (root / "val" / "images").is_dir():
         return train, find_pairs(root / "val" / "images", root / "val" / "masks")
-    held = val_count(len(train), val_fraction)
+    kept, held = split_by_label([0] * len(train), val_fraction, seed)  # the same images on every rank, every run
     if not held:
         raise UserError(f"no validation images to hold out from {len(train)} in {root / 'images'}: add val/images/")
-    # Its own generator: the same images held out on every rank and every run for a seed.
-    chosen = set(np.random.default_rng(seed & 0xFFFFFFFFFFFFFFFF).permutation(len(train))[:held].tolist())
-    log.info("no val/ split: %d of %d images held out (--val-fraction %g)", held, len(train), val_fraction)
-    return [pair for i, pair in enumerate(train) if i not in chosen], [train[i] for i in sorted(chosen)]
+    log.info("no val/ split: %d of %d images held out (--val-fraction %g)", len(held), len(train), val_fraction)
+    return [train[i] for i in kept], [train[i] for i in held]
 
 
 def find_pairs(images_dir: Path, masks_dir: Path) -> list[Pair]:
@@ -207,37 +226,14 @@ def synthetic_masks(count: int, size: int, seed: int, channels: int) -> tuple[np
     return np.repeat(images[:, None], channels, axis=1), masks
 
 
-class ImageFiles(Dataset):
-    """Images read by `read` from their paths, without masks: predict.py's, decoded in the loader's workers."""
-
-    def __init__(self, paths: list[Path], read):
-        super().__init__()
-        self.paths, self.read = paths, read
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int):
-        return self.read(self.paths[index])
-
-
-def build_predict_set(source: Path, description: dict) -> tuple[Dataset, list[tuple[str, tuple[int, int]]]]:
+def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list[tuple[str, tuple[int, int]]]]:
     """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), read
     as training read its images (the checkpoint's `description`), and their keys: (path relative to `source`,
     (width, height) of the image as it is), sorted by path: each predicted mask goes back to that size."""
-    if not source.is_dir():
-        raise UserError(f"--input {source} is not a folder or an archive: pass a folder of images, or an archive")
-    paths = find_images(source)
-    if not paths:
-        raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
-    by_stem(paths, source, "both would be predicted into the same mask file")
-    names = sorted(path.relative_to(source).as_posix() for path in paths)
-    # A partial, not a lambda: loader workers that are spawned get it pickled.
-    read = functools.partial(
-        load_image, size=description.get("image_size") or IMAGE_SIZE, channels=description.get("channels") or CHANNELS,
-        mean=description.get("mean") or MEAN, std=description.get("std") or STD,
-    )  # fmt: skip
-    return ImageFiles([source / name for name in names], read), [(name, image_size(source / name)) for name in names]
+    names = predict_images(source)
+    by_stem([source / name for name in names], source, "both would be predicted into the same mask file")
+    images = ImageFiles([source / name for name in names], reader(description, IMAGE_SIZE, CHANNELS))
+    return images, [(name, image_size(source / name)) for name in names]
 
 
 def image_size(path: Path) -> tuple[int, int]:

@@ -9,7 +9,9 @@ Texts become token ids with the standard library only: lower-cased words (tokens
 vocabulary built from the training texts (build_vocabulary()): 0 is padding, 1 a word it does not know. The
 vocabulary and the length texts are cut to travel in the training set's `description`, so every checkpoint
 can read new texts the same way. A sample is {"input_ids": int64 array, "labels": class index}; the
-datasets' collate() pads a batch's texts to its longest into {"input_ids", "attention_mask", "labels"}.
+datasets' collate() pads a batch's texts to its longest into {"input_ids", "attention_mask", "labels"}, numpy
+arrays that the loops make tensors. A dataset is any object with __len__ and __getitem__ (the framework's own
+Dataset classes too).
 """
 
 import collections
@@ -19,13 +21,33 @@ import re
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
-from .archive import dataset_root, extract_sample_for, is_junk
+from .archive import dataset_root, is_junk
+from .dealing import split_by_label
 from .errors import UserError
 
 log = logging.getLogger(__name__)
+
+# run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
+# add_argument(flag, **keywords), "type" one of int, float, str, positive_int, positive_number, fraction.
+# They are read from this file's text, not by importing it: plain values only.
+OPTIONS = {
+    "--val-fraction": {
+        "type": "fraction",
+        "default": 0.1,
+        "help": "without val.csv: the part of each class of train.csv held out for validation, the same on every "
+        "rank and run for a given --seed",
+    },
+}
+# predict.py's options that task.py's write_predictions() reads.
+PREDICT_OPTIONS = {
+    "--sample-submission": {
+        "metavar": "FILE",
+        "help": "a competition's sample CSV: its header, its ID column (the input's id) and its row order are "
+        "followed; the second column gets the prediction",
+    },
+    "--probabilities": {"action": "store_true", "help": "add a column with the predicted class's probability"},
+}
 
 MAX_LENGTH = 128  # tokens a text is cut to
 MAX_VOCABULARY = 20_000  # ids, padding and unknown included
@@ -40,7 +62,7 @@ SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 SYNTHETIC_WORDS = 500
 
 
-class TextDataset(Dataset):
+class TextDataset:
     """Texts as token ids, with their class indices (None: texts to predict)."""
 
     def __init__(self, token_ids: list[np.ndarray], labels: list[int] | None, description: dict):
@@ -62,9 +84,9 @@ class TextDataset(Dataset):
         for row, sample in enumerate(samples):
             input_ids[row, : lengths[row]] = sample["input_ids"]
         mask = (np.arange(input_ids.shape[1]) < np.asarray(lengths)[:, None]).astype(np.int64)
-        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        batch = {"input_ids": input_ids, "attention_mask": mask}
         if "labels" in samples[0]:
-            batch["labels"] = torch.tensor([sample["labels"] for sample in samples], dtype=torch.int64)
+            batch["labels"] = np.asarray([sample["labels"] for sample in samples], dtype=np.int64)
         return batch
 
 
@@ -94,10 +116,9 @@ def encode(texts: list[str], description: dict) -> list[np.ndarray]:
     return [np.asarray([ids.get(word, UNKNOWN) for word in tokens(text)[:length]], dtype=np.int64) for text in texts]
 
 
-def build_datasets(args) -> tuple[Dataset, Dataset, int]:
+def build_datasets(args) -> tuple[TextDataset, TextDataset, int]:
     if args.synthetic:
         return synthetic_datasets(args.seed)
-    extract_sample_for(args.data_dir)
     root = dataset_root(args.data_dir, "train.csv")
     if not (root / "train.csv").is_file():
         raise UserError(
@@ -113,7 +134,7 @@ def build_datasets(args) -> tuple[Dataset, Dataset, int]:
         val_labels = [class_index(name, index, root / "val.csv", line) for line, name in val_names.items()]
     else:
         fraction = getattr(args, "val_fraction", None) or VAL_FRACTION
-        train_rows, val_rows = split_by_class(labels, fraction, args.seed)
+        train_rows, val_rows = split_by_label(labels, fraction, args.seed)
         log.info("no val.csv: %d of %d texts held out (--val-fraction %g)", len(val_rows), len(labels), fraction)
         if not val_rows:
             raise UserError(
@@ -176,20 +197,7 @@ def class_index(name: str, index: dict[str, int], path: Path, line: int) -> int:
     return index[name]
 
 
-def split_by_class(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train rows, val rows): `fraction` of each class held out (at least one of a class of two or more, never
-    all), drawn from a generator of (seed, class): the same rows on every rank and every run for a seed."""
-    labels_array = np.asarray(labels)
-    held: set[int] = set()
-    for label in sorted(set(labels)):
-        members = np.flatnonzero(labels_array == label)
-        count = 0 if len(members) < 2 else min(len(members) - 1, max(1, int(fraction * len(members) + 0.5)))
-        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, label])
-        held.update(rng.permutation(members)[:count].tolist())
-    return [i for i in range(len(labels)) if i not in held], sorted(held)
-
-
-def synthetic_datasets(seed: int) -> tuple[Dataset, Dataset, int]:
+def synthetic_datasets(seed: int) -> tuple[TextDataset, TextDataset, int]:
     """Random texts of words w2, w3, ...: each class uses words of its own more often, so they can be learned."""
     rng = np.random.default_rng(seed)
     vocabulary = SPECIAL + [f"w{index}" for index in range(len(SPECIAL), SYNTHETIC_WORDS)]
@@ -220,7 +228,7 @@ def predict_csv(source: Path) -> Path:
     return found[0]
 
 
-def build_predict_set(source: Path, description: dict) -> tuple[Dataset, list[str]]:
+def build_predict_set(source: Path, description: dict) -> tuple[TextDataset, list[str]]:
     """predict.py's inputs: the texts of the CSV file `source` (columns id and text; without id, the row number
     from 0), read as training read its texts (the checkpoint's `description`), in the file's order; and their
     ids."""

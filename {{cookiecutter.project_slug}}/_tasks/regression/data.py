@@ -7,8 +7,9 @@ numeric feature. Features are standardised with the training rows' mean and stan
 which the sets' `description` keeps for checkpoints and predict.py, with the target's own mean and
 standard deviation (build_model() gets them: the model predicts in the target's units).
 
-Each set is a map-style dataset of (features, target) pairs: a float32 tensor of the standardised
-features and the target in its own units. Sampling, sharding across ranks and batching are done for
+Each set is a map-style dataset (any object with __len__ and __getitem__; the framework's own Dataset
+classes too) of (features, target) pairs: a float32 array of the standardised features and the target in
+its own units, which the loader makes tensors. Sampling, sharding across ranks and batching are done for
 you in loaders.build_loaders().
 """
 
@@ -17,11 +18,30 @@ import math
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from . import archive
 from .errors import UserError
+
+# run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
+# add_argument(flag, **keywords), "type" one of int, float, str, positive_int, positive_number, fraction.
+# They are read from this file's text, not by importing it: plain values only.
+OPTIONS = {
+    "--target": {"default": "target", "metavar": "NAME", "help": "the CSV column to learn (default: target)"},
+    "--val-fraction": {
+        "type": "fraction",
+        "default": 0.1,
+        "help": "without val.csv: the part of train.csv's rows held out for validation, the same on every rank "
+        "and run for a given --seed",
+    },
+}
+# predict.py's options that task.py's write_predictions() reads.
+PREDICT_OPTIONS = {
+    "--sample-submission": {
+        "metavar": "FILE",
+        "help": "a competition's sample CSV: its header, its ID column (the input's id) and its row order are "
+        "followed; the second column gets the prediction",
+    },
+}
 
 TRAIN, VAL = "train.csv", "val.csv"
 ID = "id"  # an optional column of row names: not a feature; predict.py's output keeps it
@@ -30,13 +50,13 @@ SYNTHETIC_FEATURES = 8
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 
 
-class Table(Dataset):
+class Table:
     """Rows of standardised features (float32), each with its target (float32, in the target's units) where there
     are targets (training, validation), alone where there are none (predicting)."""
 
     def __init__(self, features: np.ndarray, targets: np.ndarray | None = None, description: dict | None = None):
-        self.features = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
-        self.targets = None if targets is None else torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
+        self.features = np.ascontiguousarray(features, dtype=np.float32)
+        self.targets = None if targets is None else np.ascontiguousarray(targets, dtype=np.float32)
         self.description = description
 
     def __len__(self) -> int:
@@ -48,13 +68,12 @@ class Table(Dataset):
         return self.features[index], self.targets[index]
 
 
-def build_datasets(args) -> tuple[Dataset, Dataset, int]:
+def build_datasets(args) -> tuple[Table, Table, int]:
     """(train_set, val_set, 1): one output, the target."""
     target = args.target
     if args.synthetic:
         names, train, val = synthetic_table(args.seed)
     else:
-        archive.extract_sample_for(args.data_dir)  # the bundled sample, when --data-dir is its folder
         root = archive.dataset_root(args.data_dir, TRAIN)
         names, train, val = read_splits(root, target, args.val_fraction, args.seed)
     description = describe(names, target, train)
@@ -166,7 +185,7 @@ def synthetic_table(seed: int) -> tuple[list[str], np.ndarray, np.ndarray]:
     return names, table[:SYNTHETIC_TRAIN], table[SYNTHETIC_TRAIN:]
 
 
-def build_predict_set(source: Path, description: dict) -> tuple[Dataset, list[str]]:
+def build_predict_set(source: Path, description: dict) -> tuple[Table, list[str]]:
     """predict.py's inputs: the rows of the CSV file `source` (or of the one CSV file in the folder `source`, an
     archive extracted), in file order, standardised as training did; and their keys: the `id` column, or the row
     numbers from 0. The file needs the training's feature columns; other columns (the target) are ignored."""

@@ -1,4 +1,5 @@
-"""Framework-free image data: which images, which labels, which split; reading one image; synthetic images.
+"""Framework-free image data, the image tasks' (data.py's): which images, which labels, which split; reading one
+image; synthetic images; the datasets predict.py reads.
 
 Pillow + numpy only, so it works wherever the framework does (no torchvision).
 Two layouts are read, both under the data root (--data-dir, or the one folder
@@ -9,11 +10,12 @@ it wraps: see archive.dataset_root):
   data root, class name` per row.
 
 Without a validation split (no val/ folder; no CSV row under val/), a fraction
-of each class is held out by split_by_class(), the same on every rank and every
+of each class is held out (dealing.split_by_label()), the same on every rank and every
 run for a given seed. Classes are sorted by name; a sample is (path, class index).
 """
 
 import csv
+import functools
 import logging
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -21,7 +23,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from .archive import dataset_root, extract_sample_for, is_junk
+from .archive import dataset_root, is_junk
+from .dealing import split_by_label
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -93,7 +96,6 @@ def image_splits(
     data_dir: str | Path, labels_csv: str | Path | None = None, val_fraction: float = VAL_FRACTION, seed: int = 0
 ) -> Splits:
     """The training and validation samples under data_dir, from class folders or from a labels CSV."""
-    extract_sample_for(data_dir)
     if labels_csv:
         return csv_splits(data_dir, labels_csv, val_fraction, seed)
     root = dataset_root(data_dir, "train")
@@ -186,32 +188,8 @@ def row_problem(fields: list[str], root: Path) -> str | None:
     return None
 
 
-def val_count(count: int, fraction: float) -> int:
-    """Images of a class held out: fraction x count rounded, at least one (if two or more), at most count - 1."""
-    if count < 2:
-        return 0
-    return min(count - 1, max(1, int(fraction * count + 0.5)))
-
-
-def split_by_class(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train indices, val indices), val_count() of each class held out; sorted.
-
-    Deterministic: the same labels, fraction and seed give the same split on every rank and
-    every run. Each class is drawn from its own generator (seed, class), never the global one,
-    so adding images of one class does not change which images of another class are held out.
-    """
-    labels_array = np.asarray(labels)
-    val: list[int] = []
-    for label in sorted(set(labels)):
-        members = np.flatnonzero(labels_array == label)
-        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, int(label)])
-        val.extend(rng.permutation(members)[: val_count(len(members), fraction)].tolist())
-    held = set(val)
-    return [i for i in range(len(labels)) if i not in held], sorted(held)
-
-
 def held_out(samples: list[Sample], classes: list[str], fraction: float, seed: int) -> Splits:
-    train_indices, val_indices = split_by_class([label for _, label in samples], fraction, seed)
+    train_indices, val_indices = split_by_label([label for _, label in samples], fraction, seed)
     log.info("no val/ split: %d of %d images held out (--val-fraction %g)", len(val_indices), len(samples), fraction)
     if not val_indices:
         raise UserError(
@@ -267,3 +245,49 @@ def option(args, name: str, default):
     """A flag of run.py, or its default when args come from elsewhere (a notebook, a script) without it."""
     value = getattr(args, name, None)
     return default if value is None else value
+
+
+class Arrays:
+    """A dataset of arrays held in memory, the n-th sample the n-th row of each (synthetic images and labels)."""
+
+    def __init__(self, *arrays: np.ndarray):
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, index: int) -> tuple:
+        return tuple(array[index] for array in self.arrays)
+
+
+class ImageFiles:
+    """Images read by `read` from their paths, without labels: predict.py's, decoded in the loader's workers."""
+
+    def __init__(self, paths: list[Path], read):
+        self.paths, self.read = paths, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.read(self.paths[index])
+
+
+def predict_images(source: Path) -> list[str]:
+    """predict.py's images: every image under the folder `source` (an archive is extracted by predict.py), as
+    paths relative to it, sorted as strings."""
+    if not source.is_dir():
+        raise UserError(f"--input {source} is not a folder or an archive: pass a folder of images, or an archive")
+    names = sorted(path.relative_to(source).as_posix() for path in find_images(source))
+    if not names:
+        raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
+    return names
+
+
+def reader(description: dict, image_size: int, channels: int):
+    """load_image() as training read the images (a checkpoint's `description`; its defaults where it says
+    nothing): a partial, not a lambda, as loader workers that are spawned get it pickled."""
+    return functools.partial(
+        load_image, size=description.get("image_size") or image_size, channels=description.get("channels") or channels,
+        mean=description.get("mean") or MEAN, std=description.get("std") or STD,
+    )  # fmt: skip
