@@ -11,14 +11,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import settings
 from .errors import UserError
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
 
 
 def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
-    """Rank 0 logs to the console and OUTPUT_DIR/train.log, the others to OUTPUT_DIR/logs/rankN.log; with no
-    output_dir (predict.py), rank 0 to the console only, the others nowhere."""
+    """Rank 0 logs to the console and OUTPUT_DIR/train.log, the others to OUTPUT_DIR/logs/rankN.log, each starting
+    with the template's version; with no output_dir (predict.py), rank 0 to the console only, the others nowhere."""
     if output_dir is None:
         handlers = [logging.StreamHandler(sys.stdout)] if rank == 0 else [logging.NullHandler()]
     elif rank == 0:
@@ -36,6 +37,8 @@ def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
         PACKAGE_LOGGER.addHandler(handler)
     PACKAGE_LOGGER.setLevel(logging.INFO)
     PACKAGE_LOGGER.propagate = False
+    if output_dir is not None:  # a run's first line: which template version it runs (README: later changes)
+        PACKAGE_LOGGER.info("%s: dist-template %s", __package__, settings.TEMPLATE_VERSION)
     return PACKAGE_LOGGER
 
 
