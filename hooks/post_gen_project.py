@@ -60,13 +60,10 @@ def remove_paddle_variants() -> None:
     shutil.rmtree(PADDLE_VARIANTS)
 
 
-def remove_launcher_module(package: str, framework: str) -> None:
-    """spawn: run.py starts its own processes, no launcher to wrap (nor to test). Under Paddle nothing then says
-    which machines have come (roll_call.py): PyTorch's spawned ranks ask their store themselves."""
+def remove_launcher_module(package: str) -> None:
+    """spawn: run.py starts its own processes, no launcher to wrap (nor to test)."""
     Path(package, "launcher.py").unlink()
     Path("tests", "test_launcher.py").unlink(missing_ok=True)
-    if framework == "paddle":
-        Path(package, "roll_call.py").unlink()
 
 
 def unpack_sample_archive() -> None:
@@ -86,7 +83,7 @@ def main(answers: dict) -> None:
     remove_framework_dirs()
     use_task_files(answers["task"], answers["framework"], answers["project_slug"])
     if answers["launcher"] == "spawn":
-        remove_launcher_module(answers["project_slug"], answers["framework"])
+        remove_launcher_module(answers["project_slug"])
     if answers["framework"] == "paddle":
         package = answers["project_slug"]
         if answers["paddle_api"] == "highlevel":

@@ -1,10 +1,14 @@
 """The baked project's house, read from its code: which project modules each module imports, the circles among
-them, and the modules much over 400 lines. Used by test_imports.py and by test_generation.py's every-answer bake."""
+them, the modules over 400 lines, and how many modules there are. Used by test_imports.py and by
+test_generation.py's every-answer bake."""
 
 import ast
 from pathlib import Path
 
-MAX_LINES = 420  # "about 400"
+MAX_LINES = 400
+# The package's modules and the scripts beside it, in the largest variant (paddle.Model.fit's, with sharding): a
+# feature makes a room of its own only where no room owns its concern (44 before the seam became one door).
+MAX_MODULES = 41
 
 
 def project_modules(project: Path, package: str) -> dict[str, Path]:
@@ -65,9 +69,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def house_problems(project: Path) -> tuple[list[list[str]], dict[str, int]]:
-    """(the import circles, the modules over MAX_LINES with their lengths) of a baked project: both empty in a
-    house whose imports go one way, down."""
+def house_problems(project: Path) -> tuple[list[list[str]], dict[str, int], int]:
+    """(the import circles, the modules over MAX_LINES with their lengths, the modules over MAX_MODULES) of a baked
+    project: empty, empty and 0 in a house whose imports go one way, down, in few rooms of a readable size."""
     graph = import_graph(project, project.name)
-    sizes = {name: len(path.read_text().splitlines()) for name, path in project_modules(project, project.name).items()}
-    return circles(graph), {name: lines for name, lines in sizes.items() if lines > MAX_LINES}
+    modules = project_modules(project, project.name)
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules.items()}
+    too_long = {name: lines for name, lines in sizes.items() if lines > MAX_LINES}
+    return circles(graph), too_long, max(0, len(modules) - MAX_MODULES)

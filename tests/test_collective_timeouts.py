@@ -105,7 +105,7 @@ def test_a_rank_stopped_mid_epoch_ends_the_job_in_one_error_line_that_says_where
     if framework == "pytorch":
         said = r"error: a collective timed out in epoch 1 step \d+/\d+: rank 1 did not answer for --dist-timeout 5 s: "
         assert re.match(said, errors[0]), errors[0]
-        assert said_after < 5 + 5 + 10  # --dist-timeout, the others' check-in (stalled_ranks.CHECK_IN_S), a margin
+        assert said_after < 5 + 5 + 10  # --dist-timeout, the others' check-in (roll_call.CHECK_IN_S), a margin
     else:  # paddle ends the rank that waited in C++ after gloo's fixed 30 s: its launcher says so
         said = "error: a collective timed out in a training step: a rank did not answer for paddle's 30 s"
         assert errors[0].startswith(said), errors[0]

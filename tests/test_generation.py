@@ -12,7 +12,8 @@ from house import house_problems
 
 SHARED_PACKAGE = {
     "settings",
-    "batches",  # what a loader gives the loops: counted, guarded
+    "batches",  # which samples go where; what a loader gives the loops: counted, guarded
+    "roll_call",  # no silent wait: machines that have not come, ranks that stopped answering
     "save_folders",
     "preflight",  # run.sh --check
     "machine_checks",
@@ -27,7 +28,6 @@ SHARED_PACKAGE = {
     "notebook",
     "submission",
     "hardware",
-    "loader_watch",
     "child_processes",
     "folder_lock",
     "training",
@@ -35,8 +35,6 @@ SHARED_PACKAGE = {
     "modelarts",
     "kernel_ranks",
     "seam",
-    "dealing",
-    "stalled_ranks",  # a collective that timed out: which ranks stopped answering
 }
 FRAMEWORK_PACKAGE = {
     "__init__",
@@ -137,11 +135,8 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
         files.add(f"{slug}/launcher.py")  # runs torchrun, torch.distributed.launch or paddle's launch for run.sh
         if answers["framework"] == "paddle":
             files.add("tests/test_launcher.py")  # the job's status that paddle's launcher gets wrong
-    if answers["framework"] == "pytorch" or answers.get("launcher", RECOMMENDED["paddle"]) != "spawn":
-        files.add(f"{slug}/roll_call.py")  # machine 0 says which machines it waits for
     if answers["framework"] == "pytorch":
         files.add(f"{slug}/fsdp.py")  # FSDP2: --strategy fsdp, hsdp
-        files.add(f"{slug}/store_roll_call.py")  # the roll call in torch's rendezvous store
     else:
         files.add(f"{slug}/sharding.py")  # --strategy sharding
     if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":
@@ -203,7 +198,7 @@ def test_every_valid_answer_bakes_a_clean_project(bake, answers):
     assert lint.returncode == 0, lint.stdout
     shellcheck = run(["shellcheck", "run.sh", "slurm/train.sbatch"], project)
     assert shellcheck.returncode == 0, shellcheck.stdout
-    assert house_problems(project) == ([], {})  # imports go one way, down; no module much over 400 lines
+    assert house_problems(project) == ([], {}, 0)  # imports go one way, down; no module much over 400 lines
 
 
 INVALID = [
@@ -279,3 +274,50 @@ def test_every_project_has_a_gpu_tier_that_a_machine_without_a_gpu_skips_saying_
     assert ran.returncode == 0, ran.stdout
     assert f"{len(tier)} skipped" in ran.stdout
     assert "the GPU tier needs 1 usable GPU(s), this machine has 0" in ran.stdout
+
+
+# The options each task's files declare (data.py's OPTIONS and PREDICT_OPTIONS), beside run.py's and predict.py's own.
+TASK_OPTIONS = {
+    "classification": ({"--labels-csv", "--val-fraction", "--image-size", "--channels"},
+                       {"--sample-submission", "--probabilities"}),
+    "regression": ({"--target", "--val-fraction"}, {"--sample-submission"}),
+    "segmentation": ({"--val-fraction", "--image-size", "--channels", "--num-classes"}, set()),
+    "text": ({"--val-fraction"}, {"--sample-submission", "--probabilities"}),
+}  # fmt: skip
+EVERY_TASK_OPTION = set().union(*(run | predict for run, predict in TASK_OPTIONS.values()))
+
+
+def flags_in_help(project: Path, script: str) -> set[str]:
+    result = run(["python", script, "--help"], project)
+    assert result.returncode == 0, result.stderr
+    return {word.strip("[],") for word in result.stdout.split() if word.startswith(("--", "[--"))}
+
+
+@pytest.mark.parametrize("task", QUESTIONS["task"])
+def test_help_lists_the_options_the_tasks_files_declare_and_no_other_tasks(bake, task):
+    project = bake(task=task)
+    run_options, predict_options = TASK_OPTIONS[task]
+
+    assert flags_in_help(project, "run.py") & EVERY_TASK_OPTION == run_options
+    assert flags_in_help(project, "predict.py") & EVERY_TASK_OPTION == predict_options
+
+
+def test_a_new_option_declared_in_data_py_reaches_build_datasets_and_a_removed_one_is_refused(bake):
+    project = bake(task="text", dataset="synthetic")
+    data = project / "dist_train" / "data.py"
+    source = data.read_text(encoding="utf-8").replace(
+        "OPTIONS = {\n",
+        'OPTIONS = {\n    "--max-length": {"type": "positive_int", "default": 128, "help": "tokens kept"},\n',
+        1,
+    )
+    source = source.replace('    "--val-fraction": {', '    "--no-val-fraction": {', 1)  # (an entry renamed away)
+    data.write_text(source + "\n\n_build = build_datasets\n\n\ndef build_datasets(args):  # noqa: F811\n"
+                    '    print("max_length", args.max_length)\n    return _build(args)\n', encoding="utf-8")  # fmt: skip
+    read = "from dist_train import cli, seam; seam.Task().datasets(cli.parse_args(['--max-length', '64']))"
+
+    result = run(["python", "-c", read], project)
+    refused = run(["python", "run.py", "--val-fraction", "0.2"], project)
+
+    assert "--max-length" in flags_in_help(project, "run.py")
+    assert "max_length 64" in result.stdout, result.stderr[-2000:]
+    assert refused.returncode == 2 and "unrecognized arguments: --val-fraction 0.2" in refused.stderr

@@ -11,8 +11,19 @@ from pathlib import Path
 from {{ cookiecutter.project_slug }} import checkpoint, cli
 from {{ cookiecutter.project_slug }}.errors import UserError
 
+
+def parse_args():
+    parser = cli.OneLineParser(
+        prog="export.py",
+        description="Write the model weights of a checkpoint (a file, or a sharded save's folder) as one plain file.",
+    )
+    parser.add_argument("checkpoint", help="a save run.py wrote: OUTPUT_DIR/checkpoints/best.*, last.*, best, last")
+    parser.add_argument("output", help="the file to write: the model's state dict alone")
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    args = cli.parse_export_args()
+    args = parse_args()
     try:
         written = checkpoint.export_weights(Path(args.checkpoint), Path(args.output))
     except UserError as error:

@@ -10,7 +10,7 @@ it wraps: see archive.dataset_root):
   data root, class name` per row.
 
 Without a validation split (no val/ folder; no CSV row under val/), a fraction
-of each class is held out (dealing.split_by_label()), the same on every rank and every
+of each class is held out (batches.split_by_label()), the same on every rank and every
 run for a given seed. Classes are sorted by name; a sample is (path, class index).
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from .archive import dataset_root, is_junk
-from .dealing import split_by_label
+from .batches import split_by_label, val_count  # noqa: F401 (val_count: the first versions' data.py imports it here)
 from .errors import UserError
 
 log = logging.getLogger(__name__)

@@ -44,10 +44,10 @@ def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk
 
 def usable_gpus() -> tuple[int, str]:
     """(GPUs the framework can use, why none where there are none), asked without initialising CUDA here."""
-    from {{ cookiecutter.project_slug }} import distributed
+    from {{ cookiecutter.project_slug }} import framework_probe
 
-    count = distributed.gpu_count()
-    return count, "" if count else (distributed.gpu_problem() or "no GPU here")
+    count = framework_probe.gpu_count()
+    return count, "" if count else (framework_probe.gpu_problem() or "no GPU here")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import copy_of_project
 
-from {{ cookiecutter.project_slug }} import distributed, hardware, notebook, platforms
+from {{ cookiecutter.project_slug }} import distributed, framework_probe, hardware, notebook, platforms
 from {{ cookiecutter.project_slug }}.errors import PlatformError, UserError
 from {{ cookiecutter.project_slug }}.settings import FRAMEWORK
 
@@ -27,8 +27,8 @@ def gpus(monkeypatch):
     """Give this process `count` GPUs that the framework can use."""
 
     def machine_with(count: int) -> None:
-        monkeypatch.setattr(distributed, "gpu_count", lambda: count)
-        monkeypatch.setattr(distributed, "gpu_available", lambda: count > 0)
+        monkeypatch.setattr(framework_probe, "gpu_count", lambda: count)
+        monkeypatch.setattr(framework_probe, "gpu_available", lambda: count > 0)
 
     return machine_with
 
@@ -126,7 +126,7 @@ def test_the_platform_step_allows_one_gpu_each_or_no_gpu(nproc, count, device):
 def test_a_machine_without_an_nvidia_driver_counts_no_gpu_without_asking_the_framework(monkeypatch):
     monkeypatch.setattr(hardware.Path, "exists", lambda self: False)
     monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
-    monkeypatch.setattr(distributed, "gpu_count", lambda: pytest.fail("the framework was asked"))
+    monkeypatch.setattr(framework_probe, "gpu_count", lambda: pytest.fail("the framework was asked"))
 
     assert platforms.visible_gpus() == 0
 
@@ -208,18 +208,18 @@ def test_running_out_of_gpu_memory_is_one_line_naming_the_flags_that_lower_it(pr
 @pytest.fixture
 def driver_without_usable_gpus(monkeypatch):
     """An NVIDIA driver shows GPUs, but the installed framework (here: a CPU build) cannot use them."""
-    monkeypatch.setattr(distributed.hardware, "nvidia_driver_present", lambda: True)
-    monkeypatch.setattr(distributed, "gpu_available", lambda: False)
-    monkeypatch.setattr(distributed, "gpu_count", lambda: 0)
+    monkeypatch.setattr(framework_probe.hardware, "nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(framework_probe, "gpu_available", lambda: False)
+    monkeypatch.setattr(framework_probe, "gpu_count", lambda: 0)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_device_gpu_with_gpus_the_framework_cannot_use_is_one_line_saying_why(driver_without_usable_gpus, monkeypatch):
     if FRAMEWORK == "pytorch":
-        monkeypatch.setattr(distributed.torch.version, "cuda", None)
+        monkeypatch.setattr(framework_probe.torch.version, "cuda", None)
     else:
-        monkeypatch.setattr(distributed.paddle.device, "is_compiled_with_cuda", lambda: False)
+        monkeypatch.setattr(framework_probe.paddle.device, "is_compiled_with_cuda", lambda: False)
 
     with pytest.raises(UserError, match="--device gpu: this .* is a CPU build: install "):
         distributed.setup("gpu")
@@ -235,7 +235,7 @@ def test_device_auto_says_why_it_trains_on_the_cpu_where_gpus_cannot_be_used(dri
 
 def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(gpus, monkeypatch, capsys):
     gpus(0)
-    monkeypatch.setattr(distributed.hardware, "nvidia_driver_present", lambda: False)
+    monkeypatch.setattr(framework_probe.hardware, "nvidia_driver_present", lambda: False)
 
     assert not distributed.setup("auto").on_gpu
     assert capsys.readouterr().err == ""

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import SLOW_DATA, copy_of_project, default_data_sizes
 
-from {{ cookiecutter.project_slug }} import cli, hardware, loader_watch, settings, workspace
-from {{ cookiecutter.project_slug }}.loader_watch import CHECK_AFTER_STEPS, LoaderWatch
+from {{ cookiecutter.project_slug }} import cli, hardware, logs, settings, workspace
+from {{ cookiecutter.project_slug }}.logs import CHECK_AFTER_STEPS, LoaderWatch
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_the_usable_cores_are_the_affinity_capped_by_the_containers_cpu_quota(tm
 
 
 class Clock:
-    """The wall and thread CPU clocks that loader_watch reads, moved by the batches below: the tests do not
+    """The wall and thread CPU clocks that LoaderWatch reads, moved by the batches below: the tests do not
     depend on how much of a core a loaded machine lends them."""
 
     def __init__(self):
@@ -56,7 +56,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(loader_watch, "time", clock)
+    monkeypatch.setattr(logs, "time", clock)
     return clock
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import SLOW_DATA, copy_of_project
 
-from {{ cookiecutter.project_slug }} import distributed, task, workspace
+from {{ cookiecutter.project_slug }} import framework_probe, task, workspace
 from {{ cookiecutter.project_slug }}.settings import DATASET, FRAMEWORK
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -212,7 +212,7 @@ def test_launch_after_the_kernel_used_the_gpu_trains_or_refuses_in_one_line(touc
 
 
 def test_more_processes_than_gpus_is_one_line_naming_both_numbers(project_root, tmp_path):
-    gpus = distributed.gpu_count()
+    gpus = framework_probe.gpu_count()
 
     result = train(project_root, tmp_path / "output", "--epochs", "1", nproc=gpus + 1, check=False)
 

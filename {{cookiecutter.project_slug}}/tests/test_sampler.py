@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from {{ cookiecutter.project_slug }} import loaders
-from {{ cookiecutter.project_slug }}.dealing import DealtBatches
+from {{ cookiecutter.project_slug }}.batches import DealtBatches
 
 
 def env_of(rank: int, world_size: int) -> SimpleNamespace:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import stalled_ranks
+from {{ cookiecutter.project_slug }} import roll_call
 from {{ cookiecutter.project_slug }}.errors import COLLECTIVE_TIMEOUT_STATUS, explain_user_errors
 
 WHERE, LIMIT = "epoch 2 step 9/23", "--dist-timeout 5 s"
@@ -26,16 +26,16 @@ class Store:
 
 @pytest.fixture(autouse=True)
 def short_waits(monkeypatch):
-    monkeypatch.setattr(stalled_ranks, "CHECK_IN_S", 0.3)
-    monkeypatch.setattr(stalled_ranks, "STORE_GRACE_S", 0.2)
+    monkeypatch.setattr(roll_call, "CHECK_IN_S", 0.3)
+    monkeypatch.setattr(roll_call, "STORE_GRACE_S", 0.2)
 
 
-def give_up(ranks: list[int], world_size: int, add) -> dict[int, stalled_ranks.CollectiveTimedOut]:
+def give_up(ranks: list[int], world_size: int, add) -> dict[int, roll_call.CollectiveTimedOut]:
     """The error of each of `ranks`, which give up in this order, 50 ms apart, at the same store."""
     errors = {}
 
     def one(rank: int) -> None:
-        errors[rank] = stalled_ranks.explained(WHERE, LIMIT, REMEDY, rank, world_size, add)
+        errors[rank] = roll_call.explained(WHERE, LIMIT, REMEDY, rank, world_size, add)
 
     threads = []
     for rank in ranks:
@@ -64,7 +64,7 @@ def test_ranks_that_all_came_blame_the_network_between_them_and_do_not_wait_out_
 
     errors = give_up([1, 0], world_size=2, add=Store().add)
 
-    assert time.monotonic() - started < stalled_ranks.CHECK_IN_S
+    assert time.monotonic() - started < roll_call.CHECK_IN_S
     assert "every rank waited for another for --dist-timeout 5 s: check the network between the machines" in str(
         errors[1]
     )
@@ -82,14 +82,14 @@ def test_a_store_that_does_not_answer_either_is_said_and_the_rank_still_ends(ans
 
     [error] = give_up([1], world_size=2, add=add).values()
 
-    assert time.monotonic() - started < stalled_ranks.CHECK_IN_S + stalled_ranks.STORE_GRACE_S + 0.5
+    assert time.monotonic() - started < roll_call.CHECK_IN_S + roll_call.STORE_GRACE_S + 0.5
     assert error.shown and "another rank did not answer, nor did the rendezvous store," in str(error)
 
 
 def test_the_error_is_one_line_and_the_status_that_launchers_pass_on_without_a_line_of_their_own(capsys):
     @explain_user_errors
     def train(args):
-        raise stalled_ranks.CollectiveTimedOut("a collective timed out in epoch 2 step 9/23: ...")
+        raise roll_call.CollectiveTimedOut("a collective timed out in epoch 2 step 9/23: ...")
 
     with pytest.raises(SystemExit) as exit_:
         train(None)

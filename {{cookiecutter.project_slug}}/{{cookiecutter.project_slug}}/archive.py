@@ -99,7 +99,14 @@ def prepare_dataset(
             lock_timeout=lock_timeout,
             show_progress=show_progress_here(local_rank),
         )
-    elif SAMPLE_ARCHIVE.is_file() and Path(data_dir).resolve() == SAMPLE_DATA_DIR:
+    else:
+        extract_sample_for(data_dir, lock_timeout)
+
+
+def extract_sample_for(data_dir: str | Path, lock_timeout: float = 3600.0) -> None:
+    """The bundled sample's archive extracted where it belongs, when `data_dir` is its folder (run.py's data step
+    asks; the data.py of the first versions asks itself)."""
+    if SAMPLE_ARCHIVE.is_file() and Path(data_dir).resolve() == SAMPLE_DATA_DIR:
         ensure_extracted(SAMPLE_ARCHIVE, SAMPLE_DATA_DIR, lock_timeout=lock_timeout, show_progress=False)
 
 

@@ -1,6 +1,9 @@
-"""What a loader gives the loops: a batch's samples counted whatever its structure, its structure in words for error
-lines, and the user's dataset and collate guarded, so that their errors (in a loader worker too) reach the loop as
-a batch that says them, naming the user's function (a guarded loader's batches go through sample_count() first).
+"""Batches: which samples go where, the same on every rank (whole batches dealt to the ranks, for validation and
+prediction: the same batches whatever the number of processes, so each sample's numbers are too, and every sample
+counted once; a stopped epoch's rest; the samples held out for validation); and what a loader gives the loops: a
+batch's samples counted whatever its structure, its structure in words for error lines, and the user's dataset and
+collate guarded, so that their errors (in a loader worker too) reach the loop as a batch that says them, naming the
+user's function (a guarded loader's batches go through sample_count() first).
 """
 
 import collections
@@ -12,6 +15,79 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError, first_line, from_user_code
+
+
+class DealtBatches:
+    """The batches [0, B), [B, 2B), ... of a dataset of `dataset_size`; rank r takes batches r, r + world, ...
+
+    A batch sampler of either framework's DataLoader. Ranks may get different numbers of
+    batches (none, for a set smaller than the world's batches): no collective per batch.
+    """
+
+    shuffle = drop_last = False  # read by paddle's DataLoader, as of its own batch samplers
+
+    def __init__(self, dataset_size: int, batch_size: int, rank: int = 0, world_size: int = 1):
+        self.dataset_size, self.batch_size = dataset_size, batch_size
+        batches = -(-dataset_size // batch_size)
+        self.numbers = list(range(rank, batches, world_size))
+        self.most_batches = -(-batches // world_size)  # those of the ranks with most
+
+    def size_of(self, number: int) -> int:
+        """The samples in batch `number`: all but the very last batch are full."""
+        return min(self.batch_size, self.dataset_size - number * self.batch_size)
+
+    def indices(self, number: int) -> range:
+        return range(number * self.batch_size, number * self.batch_size + self.size_of(number))
+
+    def __iter__(self):
+        return (list(self.indices(number)) for number in self.numbers)
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+
+def rest_of_epoch(order: list[int], consumed: int, rank: int, world_size: int) -> list[int]:
+    """Rank `rank`'s samples of an epoch whose global `order` (the same on every rank and for any number of
+    processes) goes on after its first `consumed` samples: the rest, padded with the order's first samples so
+    that every rank takes as many steps, taken every `world_size`-th from `rank` on (as DistributedSampler does).
+
+    After k batches of B samples on each of W ranks, the ranks together have trained the first consumed + k·B·W
+    samples of the order: a stopped epoch goes on from that count on any number of processes, no sample twice
+    and none left out.
+    """
+    consumed = min(consumed, len(order))  # (a set that shrank since the stop: its epoch ends)
+    rest = order[consumed:]
+    rest += [order[i % len(order)] for i in range(padding_of(len(order), consumed, world_size))]
+    return rest[rank::world_size]
+
+
+def padding_of(size: int, consumed: int, world_size: int) -> int:
+    """The repeated samples rest_of_epoch() adds: not distinct, so not counted among an epoch's samples."""
+    return -(size - min(consumed, size)) % world_size
+
+
+def share_size(size: int, consumed: int, world_size: int) -> int:
+    """The length of each rank's rest_of_epoch()."""
+    return (size - min(consumed, size) + padding_of(size, consumed, world_size)) // world_size
+
+
+def val_count(count: int, fraction: float) -> int:
+    """Samples of a label held out: fraction x count rounded, at least one (if two or more), at most count - 1."""
+    return 0 if count < 2 else min(count - 1, max(1, int(fraction * count + 0.5)))
+
+
+def split_by_label(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(kept, held out): sorted indices, `fraction` of each label's samples held out for validation (rounded; at
+    least one of a label of two or more, never all of one). Each label draws from a generator of its own, (seed,
+    label), never the global one: the same split on every rank and every run for a seed, and samples added to one
+    label change nothing of another's."""
+    labels_array = np.asarray(labels)
+    held: set[int] = set()
+    for label in sorted(set(labels)):
+        members = np.flatnonzero(labels_array == label)
+        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, int(label)])
+        held.update(rng.permutation(members)[: val_count(len(members), fraction)].tolist())
+    return [index for index in range(len(labels)) if index not in held], sorted(held)
 
 
 def structure(value) -> str:

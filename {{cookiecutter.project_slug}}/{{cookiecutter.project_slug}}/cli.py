@@ -24,39 +24,25 @@ STRATEGY_HELP = {
 }[FRAMEWORK]
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def number(kind: type, accepted, what: str, name: str):
+    """An argparse type: `kind` (int, float) of the text, refused in one line unless accepted(value)."""
+
+    def read(text: str):
+        value = kind(text)
+        if not accepted(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    read.__name__ = name  # argparse names the type in its error for text that is no number
+    return read
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:  # nan and inf too: the waits hand it to the framework and to the file lock
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
-    return value
-
-
-def positive_number(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
-    return value
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
-    return value
+positive_int = number(int, lambda value: value >= 1, "at least 1", "positive_int")
+non_negative_int = number(int, lambda value: value >= 0, "0 or more", "non_negative_int")
+# (nan and inf refused too: the waits hand the seconds to the framework and to the file lock)
+positive_seconds = number(float, lambda value: 0 < value < math.inf, "a number of seconds above 0", "positive_seconds")
+positive_number = number(float, lambda value: 0 < value < math.inf, "a number above 0", "positive_number")
+fraction = number(float, lambda value: 0 < value < 1, "between 0 and 1 (exclusive)", "fraction")
 
 
 def model_option(text: str) -> tuple[str, object]:
@@ -93,10 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs", type=positive_int, default=10, help="epochs in total; a resumed run continues up to this"
     )
     parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=32,
-        help="batch size PER PROCESS; the global batch is this x world size x --grad-accum",
+        "--batch-size", type=positive_int, default=32, help="PER PROCESS; the global batch is this x world size x accum"
     )
     parser.add_argument(
         "--lr",
@@ -136,11 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a keyword argument for build_model() in model.py (repeatable; e.g. the sample's width=4096), over what "
         "the data fills in; checkpoints record it for predict.py (a resumed run needs it given again)",
     )
+    synthetic = DATASET == "synthetic"
     parser.add_argument(
-        "--synthetic",
-        action=argparse.BooleanOptionalAction,
-        default=DATASET == "synthetic",
-        help="random data of the right shapes instead of the dataset",
+        "--synthetic", action=argparse.BooleanOptionalAction, default=synthetic, help="random data, no dataset read"
     )
     parser.add_argument(
         "--data-dir",
@@ -150,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dataset-zip",
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
-        + (f" (default: none; data/{SAMPLE}.zip is extracted when the sample is read)" if DATASET == "zip" else ""),
+        + (f" (default: none; without --data-dir, data/{SAMPLE}.zip)" if DATASET == "zip" else ""),
     )
     add_task_options(parser, "OPTIONS")
     batches = parser.add_mutually_exclusive_group()
@@ -334,9 +315,13 @@ def build_predict_parser() -> argparse.ArgumentParser:
 
 def add_task_options(parser: argparse.ArgumentParser, name: str) -> None:
     """The options data.py and task.py declare in their dict `name` (OPTIONS: run.py's; PREDICT_OPTIONS:
-    predict.py's), flag: add_argument()'s keywords, "type" by name (TYPES)."""
-    for file in TASK_FILES:
-        for flag, keywords in task_options(file, name).items():
+    predict.py's), flag: add_argument()'s keywords, "type" by name (TYPES); where neither declares any, the first
+    versions' (FIRST_OPTIONS)."""
+    declared = {file: task_options(file, name) for file in TASK_FILES}
+    if all(task_options(file, dict_name) is None for file in TASK_FILES for dict_name in FIRST_OPTIONS):
+        declared = {"cli.py": FIRST_OPTIONS[name]}  # task files of the first versions, which declare none
+    for file, options in declared.items():
+        for flag, keywords in (options or {}).items():
             keywords = dict(keywords)
             if keywords.get("type") not in (None, *TYPES):
                 raise PlatformError(
@@ -350,9 +335,28 @@ def add_task_options(parser: argparse.ArgumentParser, name: str) -> None:
                 raise PlatformError(f"{file}: {name}[{flag!r}] cannot be an option ({error})") from None
 
 
-def task_options(file: str, name: str) -> dict:
-    """The dict `name` of the package's `file`, read from its text: importing the file would import the framework,
-    slow to load, and on a GPU build start CUDA in a notebook's kernel (where run.py's flags are read too)."""
+# The task options of the first versions' run.py and predict.py, for data.py and task.py that declare none (taken
+# over unchanged by a template update: CHANGELOG.md).
+FIRST_OPTIONS = {
+    "OPTIONS": {
+        "--labels-csv": {"metavar": "FILE", "help": "labels from a CSV file: image path, class name"},
+        "--val-fraction": {"type": "fraction", "default": 0.1, "help": "held out for validation, without a split"},
+        "--image-size": {"type": "positive_int", "metavar": "N", "help": "side in pixels images are resized to"},
+        "--channels": {"type": "int", "choices": [1, 3], "help": "1: grey, 3: RGB images"},
+        "--target": {"default": "target", "metavar": "NAME", "help": "regression: the CSV column to learn"},
+        "--num-classes": {"type": "positive_int", "metavar": "N", "help": "segmentation: the number of classes"},
+    },
+    "PREDICT_OPTIONS": {
+        "--sample-submission": {"metavar": "FILE", "help": "a competition's sample CSV, to follow"},
+        "--probabilities": {"action": "store_true", "help": "add the predicted class's probability"},
+    },
+}
+
+
+def task_options(file: str, name: str) -> dict | None:
+    """The dict `name` of the package's `file` (None where it has none), read from its text: importing the file
+    would import the framework, slow to load, and on a GPU build start CUDA in a notebook's kernel (where run.py's
+    flags are read too)."""
     path = Path(__file__).with_name(file)
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -370,7 +374,7 @@ def task_options(file: str, name: str) -> dict:
                     "(it is read from the file's text)"
                 )
             return options
-    return {}
+    return None
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
@@ -393,13 +397,3 @@ def add_process_flags(parser: argparse.ArgumentParser) -> None:
     # torch.distributed.launch passes --local-rank (or --local_rank on old versions);
     # the LOCAL_RANK variable it also sets is what the code reads.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-
-
-def parse_export_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineParser(
-        prog="export.py",
-        description="Write the model weights of a checkpoint (a file, or a sharded save's folder) as one plain file.",
-    )
-    parser.add_argument("checkpoint", help="a save run.py wrote: OUTPUT_DIR/checkpoints/best.*, last.*, best, last")
-    parser.add_argument("output", help="the file to write: the model's state dict alone")
-    return parser.parse_args(argv)

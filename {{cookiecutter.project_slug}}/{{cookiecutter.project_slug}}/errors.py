@@ -18,7 +18,7 @@ from pathlib import Path
 STOPPED_STATUS = 143
 # `run.sh --check` found problems, each already said in its own `error:` line: the launcher adds none.
 CHECK_FAILED_STATUS = 3
-# A collective timed out because a rank stopped answering (stalled_ranks.py): one `error:` line names the step and
+# A collective timed out because a rank stopped answering (roll_call.py): one `error:` line names the step and
 # the rank; the launcher adds none (its own would name a rank that waited, not the one that stopped).
 COLLECTIVE_TIMEOUT_STATUS = 4
 

@@ -8,10 +8,12 @@ function answers for the paths and numbers it is given, so a test can hand it ot
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import os
 import shutil
 import socket
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -176,3 +178,32 @@ def shm_free(path: Path = Path("/dev/shm")) -> int | None:
         return shutil.disk_usage(path).free
     except OSError:
         return None
+
+
+def resolve(host: str, timeout_s: float, lookup=socket.gethostbyname, sleep=time.sleep) -> str:
+    """The IP address of `host`, asked again every second while it does not resolve yet (Kubernetes names
+    appear seconds after the pods), up to `timeout_s`. Paddle's launcher hosts the master only when given
+    one of its own IP addresses, never a name; torch takes either."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    told = False
+    while True:
+        try:
+            return lookup(host)
+        except OSError:  # socket.gaierror: not (yet) known
+            pass
+        if time.monotonic() >= deadline:
+            raise PlatformError(
+                f"the master's host name {host!r} did not resolve within JOIN_TIMEOUT={timeout_s:g} s: check "
+                "MASTER_ADDR (or what the platform set), or raise JOIN_TIMEOUT"
+            )
+        if not told:
+            print(
+                f"waiting for the master's host name {host} to resolve (JOIN_TIMEOUT={timeout_s:g} s)", file=sys.stderr
+            )
+            told = True
+        sleep(1.0)

@@ -53,9 +53,9 @@ def launch(argv: list[str] | str, nproc: int = 2, train=None) -> None:
     args = parse(argv)
     if not isinstance(nproc, int) or nproc < 1:
         raise UserError(f"nproc must be a whole number of processes, 1 or more; got {nproc!r}")
-    from . import distributed
+    from . import framework_probe
 
-    distributed.check_gpus_for(nproc, args.device)
+    framework_probe.check_gpus_for(nproc, args.device)
     train = train if train is not None else run_py_train()
     blocker = fork_blocker()
     if blocker is None:

@@ -16,14 +16,12 @@ NPROC_PER_NODE set by the user override just their own value. The standard libra
 imported only to count the GPUs of a machine that has an NVIDIA driver.
 """
 
-import ipaddress
 import os
 import re
 import shlex
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -254,11 +252,11 @@ def visible_gpus() -> int:
     if not hardware.nvidia_driver_present():
         return 0  # no NVIDIA driver here: importing the framework to count no GPU would only slow the start
     try:
-        from . import distributed
+        from . import framework_probe
     except ImportError:  # not installed yet (install_requirements=yes installs it after this): ask the driver
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
         return sum(line.startswith("GPU ") for line in listed.splitlines())
-    return distributed.gpu_count()
+    return framework_probe.gpu_count()
 
 
 def check_gpus(nproc: int, gpus: int, device: str) -> None:
@@ -297,35 +295,6 @@ def join_timeout(env: Mapping[str, str]) -> float:
         return float(text)
     except ValueError:
         raise PlatformError(f"JOIN_TIMEOUT={text!r} is not a number of seconds") from None
-
-
-def resolve(host: str, timeout_s: float, lookup=socket.gethostbyname, sleep=time.sleep) -> str:
-    """The IP address of `host`, asked again every second while it does not resolve yet (Kubernetes names
-    appear seconds after the pods), up to `timeout_s`. Paddle's launcher hosts the master only when given
-    one of its own IP addresses, never a name; torch takes either."""
-    try:
-        ipaddress.ip_address(host)
-        return host
-    except ValueError:
-        pass
-    deadline = time.monotonic() + timeout_s
-    told = False
-    while True:
-        try:
-            return lookup(host)
-        except OSError:  # socket.gaierror: not (yet) known
-            pass
-        if time.monotonic() >= deadline:
-            raise PlatformError(
-                f"the master's host name {host!r} did not resolve within JOIN_TIMEOUT={timeout_s:g} s: check "
-                "MASTER_ADDR (or what the platform set), or raise JOIN_TIMEOUT"
-            )
-        if not told:
-            print(
-                f"waiting for the master's host name {host} to resolve (JOIN_TIMEOUT={timeout_s:g} s)", file=sys.stderr
-            )
-            told = True
-        sleep(1.0)
 
 
 def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
@@ -384,7 +353,7 @@ def main(argv: list[str]) -> None:
         wait_s = min(join_timeout(env), machine_checks.WAIT_S) if check else join_timeout(env)
         master_ip = layout.master_addr
         if layout.nnodes > 1:
-            master_ip = resolve(layout.master_addr, wait_s)
+            master_ip = machine_checks.resolve(layout.master_addr, wait_s)
         checked = []
         if check and layout.nnodes > 1:
             checked = machine_checks.network(layout, master_ip, args.device, gpus, wait_s)

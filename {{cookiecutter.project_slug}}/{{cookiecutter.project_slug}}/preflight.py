@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import distributed, hardware, machine_checks
 from .errors import CHECK_FAILED_STATUS, explain_user_errors
-from .framework_probe import framework_build, timed_all_reduce
+from .framework_probe import framework_build, gpu_count, timed_all_reduce
 from .machine_checks import SHM_PER_WORKER, WAIT_S, MiB
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def leave_as_found(output: Path, token: str | None, created: bool) -> None:
 
 def machine_report(args, env, output: Path, token: str | None) -> dict:
     """What this machine has, for the comparisons, and its `check` lines."""
-    gpus = distributed.gpu_count() if env.on_gpu else 0
+    gpus = gpu_count() if env.on_gpu else 0
     build = framework_build()
     where = f"{gpus} GPU(s)" if env.on_gpu else "the CPU"
     code, files = machine_checks.code_hash(PROJECT_ROOT, __package__)

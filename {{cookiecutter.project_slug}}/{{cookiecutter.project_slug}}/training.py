@@ -6,7 +6,7 @@ from pathlib import Path
 from . import archive, cli, distributed, engine, folder_lock, loaders, logs, preemption, seam, tracking
 from .checkpoint import Checkpointer
 from .errors import UserError, explain_user_errors
-from .loader_watch import LoaderWatch
+from .logs import LoaderWatch
 
 
 @explain_user_errors

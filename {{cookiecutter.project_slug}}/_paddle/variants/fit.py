@@ -24,8 +24,7 @@ from paddle.static import InputSpec
 from . import distributed, loaders
 from .batches import sample_count
 from .distributed import DistEnv
-from .loader_watch import LoaderWatch
-from .logs import LossLog
+from .logs import LoaderWatch, LossLog
 from .preemption import Diverged, Stopped, StopRequest
 from .seam import Task
 from .state import EpochProgress, TrainingState

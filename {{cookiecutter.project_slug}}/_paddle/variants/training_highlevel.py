@@ -18,7 +18,7 @@ from . import (
 )
 from .checkpoint import Checkpointer
 from .errors import UserError, explain_user_errors, out_of_memory_is_a_user_error
-from .loader_watch import LoaderWatch
+from .logs import LoaderWatch
 
 
 @explain_user_errors

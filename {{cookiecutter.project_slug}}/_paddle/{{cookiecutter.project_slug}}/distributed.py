@@ -30,9 +30,9 @@ import paddle.distributed as dist
 from paddle.base import core
 from paddle.distributed import fleet
 
-from . import errors, hardware, sharding
+from . import errors, framework_probe, sharding
 from .child_processes import die_with_parent
-from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
+from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
@@ -73,50 +73,23 @@ def read_ranks() -> tuple[int, int, int]:
     return rank, local_rank, int(env.get("PADDLE_TRAINERS_NUM", 1))
 
 
-def gpu_available() -> bool:
-    return gpu_count() > 0
-
-
-def gpu_count() -> int:
-    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied); 0 with a CPU build of paddle."""
-    return paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
-
-
-def gpu_problem() -> str | None:
-    """Why this paddle cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
-    if gpu_available() or not hardware.nvidia_driver_present():
-        return None
-    if not paddle.device.is_compiled_with_cuda():
-        return f"this paddle {paddle.__version__} is a CPU build: install paddlepaddle-gpu for your CUDA (README.md)"
-    return (
-        f"paddle {paddle.__version__}, built for CUDA {paddle.version.cuda()}, cannot use the GPUs the NVIDIA driver "
-        "shows (a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
-    )
-
-
-def check_gpus_for(nproc: int, device: str) -> None:
-    """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
-    shortage = gpu_shortage(nproc, gpu_count() if device != "cpu" else 0, device)
-    if shortage:
-        raise UserError(shortage)
-
-
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
-    problem = gpu_problem() if device != "cpu" else None
-    if device == "gpu" and not gpu_available():
+    problem = framework_probe.gpu_problem() if device != "cpu" else None
+    if device == "gpu" and not framework_probe.gpu_available():
         raise UserError(f"--device gpu: {problem or 'paddle sees no GPU'}; or use --device cpu or auto")
     if problem and local_rank == 0:
         print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
     this_device = "cpu"
-    if device != "cpu" and gpu_available():
+    if device != "cpu" and framework_probe.gpu_available():
         # The launcher gives each process its GPU in FLAGS_selected_gpus (what paddle's ParallelEnv reads);
         # without this every rank would use GPU 0.
         index = int(os.environ.get("FLAGS_selected_gpus", str(local_rank)).split(",")[0])
-        if index >= gpu_count():  # more processes than GPUs
+        gpus = framework_probe.gpu_count()
+        if index >= gpus:  # more processes than GPUs
             processes = int(os.environ.get("PADDLE_LOCAL_SIZE", local_rank + 1))
-            raise UserError(more_processes_than_gpus(processes, gpu_count()), shown=index == gpu_count())
+            raise UserError(more_processes_than_gpus(processes, gpus), shown=index == gpus)
         this_device = f"gpu:{index}"
     paddle.set_device(this_device)
     if world_size > 1:
@@ -345,12 +318,12 @@ def unwrap(model: paddle.nn.Layer) -> paddle.nn.Layer:
 
 def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
-    nproc = int(os.environ.get("NPROC_PER_NODE", gpu_count() or 1))
+    nproc = int(os.environ.get("NPROC_PER_NODE", framework_probe.gpu_count() or 1))
     if LAUNCHER != "spawn" or nproc == 1 or launched_as_rank():
         worker(args)
         return
     try:
-        check_gpus_for(nproc, args.device)
+        framework_probe.check_gpus_for(nproc, args.device)
     except UserError as error:
         sys.exit(f"error: {error}")
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
@@ -412,6 +385,6 @@ def rank_environment(rank: int, local_rank: int, world_size: int, master_addr: s
     }
     if paddle.device.is_compiled_with_cuda():
         variables["FLAGS_selected_gpus"] = str(local_rank)
-    if not gpu_available():
+    if not framework_probe.gpu_available():
         variables["PADDLE_DISTRI_BACKEND"] = "gloo"  # without it, init_parallel_env() makes no global group on CPU
     return variables

@@ -20,12 +20,11 @@ import paddle.distributed as dist
 from paddle.base import core
 from paddle.io import DataLoader
 
-from . import distributed, hardware, loaders, sharding, stalled_ranks
+from . import distributed, hardware, loaders, roll_call, sharding
 from .batches import sample_count
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
-from .loader_watch import LoaderWatch
-from .logs import LossLog, progress_bar
+from .logs import LoaderWatch, LossLog, progress_bar
 from .preemption import Diverged, Stopped, StopRequest
 from .seam import Task
 from .state import EpochProgress
@@ -105,7 +104,7 @@ def train_one_epoch(
 
 @contextlib.contextmanager
 def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
-    """A collective of the block that gives up because a rank stopped answering ends this rank in stalled_ranks'
+    """A collective of the block that gives up because a rank stopped answering ends this rank in roll_call's
     one error line: `where` (the epoch and step; a callable is asked then, as a loop's step changes), and the
     ranks that stopped answering.
 
@@ -127,7 +126,7 @@ def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
             remedy = "on CPUs paddle gives up after gloo's fixed limit, whatever --dist-timeout says"
         add = core.create_or_get_global_tcp_store().add  # the store init_parallel_env() met at
         place = where() if callable(where) else where
-        raise stalled_ranks.explained(place, limit, remedy, env.rank, env.world_size, add) from None
+        raise roll_call.explained(place, limit, remedy, env.rank, env.world_size, add) from None
 
 
 @out_of_memory_is_a_user_error(MemoryError)

@@ -1,9 +1,13 @@
-"""What `bash run.sh --check` (preflight.py) asks of the framework: its build, and one timed all-reduce."""
+"""What the installed framework can do on this machine: the GPUs it can use (or why none), its build; and what
+`bash run.sh --check` (preflight.py) asks of it, one timed all-reduce."""
 
 import time
 
 import paddle
 import paddle.distributed as dist
+
+from . import hardware
+from .errors import UserError, gpu_shortage
 
 
 def framework_build() -> str:
@@ -21,3 +25,31 @@ def timed_all_reduce(count: int, device) -> tuple[float, float]:
     dist.all_reduce(values)
     total = float(values[-1])  # waits for the GPU
     return time.perf_counter() - started, total
+
+
+def gpu_available() -> bool:
+    return gpu_count() > 0
+
+
+def gpu_count() -> int:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied); 0 with a CPU build of paddle."""
+    return paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
+
+
+def gpu_problem() -> str | None:
+    """Why this paddle cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
+    if gpu_available() or not hardware.nvidia_driver_present():
+        return None
+    if not paddle.device.is_compiled_with_cuda():
+        return f"this paddle {paddle.__version__} is a CPU build: install paddlepaddle-gpu for your CUDA (README.md)"
+    return (
+        f"paddle {paddle.__version__}, built for CUDA {paddle.version.cuda()}, cannot use the GPUs the NVIDIA driver "
+        "shows (a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
+    )
+
+
+def check_gpus_for(nproc: int, device: str) -> None:
+    """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
+    shortage = gpu_shortage(nproc, gpu_count() if device != "cpu" else 0, device)
+    if shortage:
+        raise UserError(shortage)

@@ -6,7 +6,7 @@ Once every machine has joined, it starts the workers, and the first one's log, D
 appears; if that has not happened JOIN_TIMEOUT seconds after the start, a machine is missing. Meanwhile
 machine 0 says which machines the master has not heard from (roll_call.py), and the error names them.
 A failed job ends with the status of the worker that failed, not of one that the launcher then stopped.
-A collective that timed out ends in one line (stalled_ranks.py), also where paddle ended the worker in C++.
+A collective that timed out ends in one line (roll_call.py), also where paddle ended the worker in C++.
 """
 
 import logging

@@ -13,9 +13,8 @@ from paddle.io import DataLoader, Dataset, DistributedBatchSampler
 from paddle.io.dataloader.collate import default_collate_fn
 
 from . import hardware
-from .batches import GuardedCollate, GuardedDataset
+from .batches import DealtBatches, GuardedCollate, GuardedDataset, padding_of, rest_of_epoch, share_size
 from .child_processes import end_with_the_rank
-from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
 from .errors import UserError
 
@@ -23,7 +22,7 @@ from .errors import UserError
 class ResumableSampler(DistributedBatchSampler):
     """A DistributedBatchSampler that can go on with a stopped epoch: it leaves out the first `consumed` samples
     of the epoch's order, those the ranks trained before the stop (on this or any other number of processes),
-    and deals the rest as dealing.rest_of_epoch() does, in batches of `batch_size`.
+    and deals the rest as batches.rest_of_epoch() does, in batches of `batch_size`.
 
     The epoch's order is one permutation of the whole set by --seed and the epoch, whatever the number of ranks
     (Paddle's own sampler pads before it shuffles, so its order changes with the number of ranks). It pads the

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -20,11 +21,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed import TCPStore
 from torch.nn.parallel import DistributedDataParallel
 
-from . import errors, fsdp, hardware, store_roll_call
+from . import errors, framework_probe, fsdp
 from .child_processes import die_with_parent
-from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, gpu_shortage, more_processes_than_gpus
+from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
+from .machine_checks import wait_for_port
+from .roll_call import RollCall
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
@@ -61,47 +65,20 @@ def read_ranks() -> tuple[int, int, int]:
     return 0, 0, 1
 
 
-def gpu_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def gpu_count() -> int:
-    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied), asked of NVML: CUDA is not initialised."""
-    return torch.cuda.device_count()
-
-
-def gpu_problem() -> str | None:
-    """Why this torch cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
-    if gpu_available() or not hardware.nvidia_driver_present():
-        return None
-    if torch.version.cuda is None:
-        return f"this torch {torch.__version__} is a CPU build: install a CUDA build of torch (README.md, Installing)"
-    return (
-        f"torch {torch.__version__}, built for CUDA {torch.version.cuda}, cannot use the GPUs the NVIDIA driver shows "
-        "(a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
-    )
-
-
-def check_gpus_for(nproc: int, device: str) -> None:
-    """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
-    shortage = gpu_shortage(nproc, gpu_count() if device != "cpu" else 0, device)
-    if shortage:
-        raise UserError(shortage)
-
-
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
-    problem = gpu_problem() if device != "cpu" else None
-    if device == "gpu" and not gpu_available():
+    problem = framework_probe.gpu_problem() if device != "cpu" else None
+    if device == "gpu" and not framework_probe.gpu_available():
         raise UserError(f"--device gpu: {problem or 'no CUDA GPU is visible'}; or use --device cpu or auto")
     if problem and local_rank == 0:
         print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
-    use_gpu = device != "cpu" and gpu_available()
+    use_gpu = device != "cpu" and framework_probe.gpu_available()
     if use_gpu:
-        if local_rank >= gpu_count():  # started by torchrun or srun with more processes than GPUs
+        gpus = framework_probe.gpu_count()
+        if local_rank >= gpus:  # started by torchrun or srun with more processes than GPUs
             processes = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-            raise UserError(more_processes_than_gpus(processes, gpu_count()), shown=local_rank == gpu_count())
+            raise UserError(more_processes_than_gpus(processes, gpus), shown=local_rank == gpus)
         # Without this every rank would allocate on GPU 0.
         torch.cuda.set_device(local_rank)
         this_device = torch.device("cuda", local_rank)
@@ -143,7 +120,7 @@ def _roll_call(rank: int, local_rank: int, timeout_s: float):
         return None
     master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     node_rank = int(os.environ.get("NODE_RANK", 0))
-    return store_roll_call.start(master_addr, master_port, nnodes, node_rank, timeout_s, "--dist-timeout")
+    return store_roll_call(master_addr, master_port, nnodes, node_rank, timeout_s, "--dist-timeout")
 
 
 def cleanup() -> None:
@@ -260,13 +237,13 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def launch(worker, args) -> None:
     """Run `worker(args)` in this process, or, with the spawn launcher, in NPROC_PER_NODE children."""
-    nproc = int(os.environ.get("NPROC_PER_NODE", gpu_count() or 1))
+    nproc = int(os.environ.get("NPROC_PER_NODE", framework_probe.gpu_count() or 1))
     nnodes = int(os.environ.get("NNODES", 1))
     if LAUNCHER != "spawn" or nproc * nnodes == 1 or launched_as_rank():
         worker(args)
         return
     try:
-        check_gpus_for(nproc, args.device)
+        framework_probe.check_gpus_for(nproc, args.device)
     except UserError as error:
         sys.exit(f"error: {error}")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -335,3 +312,43 @@ def rank_environment(rank: int, local_rank: int, world_size: int, master_addr: s
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
     }
+
+
+_ROLL_CALL_KEY = "roll_call"
+
+
+def store_roll_call(
+    master_addr: str, master_port: int, nnodes: int, node_rank: int, join_timeout_s: float, limit: str = "JOIN_TIMEOUT"
+) -> RollCall | None:
+    """roll_call.py's question in torch's rendezvous store (the launcher's, or with spawn rank 0's process group's,
+    on MASTER_PORT: no port more): this machine's NODE_RANK into the store once it listens; on machine 0 also the
+    watch (its lines name the wait's `limit`), whose RollCall is returned (None elsewhere: machine 0 alone knows who
+    came). A client without a world size is not counted among the store's workers."""
+
+    def connect() -> TCPStore:  # each thread has a client of its own
+        if not wait_for_port(master_addr, master_port, wait_s=0):  # a client that cannot connect prints C++ stacks
+            raise ConnectionRefusedError(f"nothing listens on {master_addr}:{master_port} yet")
+        return TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=5))
+
+    def say_here() -> None:
+        while True:
+            try:
+                connect().set(f"{_ROLL_CALL_KEY}/{node_rank}", "here")
+                return
+            except (OSError, RuntimeError):  # not up yet (RuntimeError: torch's DistNetworkError)
+                time.sleep(1.0)
+
+    threading.Thread(target=say_here, daemon=True).start()
+    if node_rank != 0:
+        return None
+    roll, clients = RollCall(nnodes), []
+
+    def present() -> set[int]:
+        try:
+            clients[:] = clients or [connect()]
+            return {machine for machine in range(nnodes) if clients[0].check([f"{_ROLL_CALL_KEY}/{machine}"])}
+        except (OSError, RuntimeError):
+            return set()
+
+    threading.Thread(target=roll.watch, args=(present, join_timeout_s, limit), daemon=True).start()
+    return roll

@@ -18,12 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from . import distributed, fsdp, hardware, loaders, stalled_ranks
+from . import distributed, fsdp, hardware, loaders, roll_call
 from .batches import sample_count
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
-from .loader_watch import LoaderWatch
-from .logs import LossLog, progress_bar
+from .logs import LoaderWatch, LossLog, progress_bar
 from .preemption import Diverged, Stopped, StopRequest
 from .seam import Task
 from .state import EpochProgress
@@ -102,7 +101,7 @@ def train_one_epoch(
 @contextlib.contextmanager
 def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
     """A collective of the block that gives up after --dist-timeout, because a rank stopped answering, ends this
-    rank in stalled_ranks' one error line: `where` (the epoch and step; a callable is asked then, as a loop's step
+    rank in roll_call's one error line: `where` (the epoch and step; a callable is asked then, as a loop's step
     changes), and the ranks that stopped answering. A rank whose process or machine is gone (gloo: the connection
     closed) ends the others in one line too: an elastic job's launcher then restarts them.
 
@@ -115,13 +114,13 @@ def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
     except RuntimeError as error:  # gloo's own, or NCCL's DistBackendError
         place = where() if callable(where) else where
         if env.world_size > 1 and re.search("Connection (closed|reset) by peer", str(error)):  # gloo: a rank is gone
-            raise stalled_ranks.peer_gone(place, shown=env.local_rank == 0) from None
+            raise roll_call.peer_gone(place, shown=env.local_rank == 0) from None
         if env.world_size == 1 or not re.search("timed out|timing out", str(error), re.IGNORECASE):
             raise
         store = dist.distributed_c10d._get_default_store()  # the process group's own: torch has no public getter
         limit = f"--dist-timeout {store.timeout.total_seconds():g} s"  # the group's timeout is its store's
         remedy = "raise --dist-timeout if a rank may rightly take longer"
-        raise stalled_ranks.explained(place, limit, remedy, env.rank, env.world_size, store.add) from None
+        raise roll_call.explained(place, limit, remedy, env.rank, env.world_size, store.add) from None
 
 
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)

@@ -1,9 +1,13 @@
-"""What `bash run.sh --check` (preflight.py) asks of the framework: its build, and one timed all-reduce."""
+"""What the installed framework can do on this machine: the GPUs it can use (or why none), its build; and what
+`bash run.sh --check` (preflight.py) asks of it, one timed all-reduce."""
 
 import time
 
 import torch
 import torch.distributed as dist
+
+from . import hardware
+from .errors import UserError, gpu_shortage
 
 
 def framework_build() -> str:
@@ -21,3 +25,31 @@ def timed_all_reduce(count: int, device) -> tuple[float, float]:
     dist.all_reduce(values)
     total = values[-1].item()  # waits for the GPU
     return time.perf_counter() - started, total
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def gpu_count() -> int:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied), asked of NVML: CUDA is not initialised."""
+    return torch.cuda.device_count()
+
+
+def gpu_problem() -> str | None:
+    """Why this torch cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
+    if gpu_available() or not hardware.nvidia_driver_present():
+        return None
+    if torch.version.cuda is None:
+        return f"this torch {torch.__version__} is a CPU build: install a CUDA build of torch (README.md, Installing)"
+    return (
+        f"torch {torch.__version__}, built for CUDA {torch.version.cuda}, cannot use the GPUs the NVIDIA driver shows "
+        "(a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
+    )
+
+
+def check_gpus_for(nproc: int, device: str) -> None:
+    """Before starting `nproc` processes on this machine: with --device auto or gpu each takes a GPU of its own."""
+    shortage = gpu_shortage(nproc, gpu_count() if device != "cpu" else 0, device)
+    if shortage:
+        raise UserError(shortage)

@@ -6,7 +6,7 @@ a worker fails, its own error is already on the console; the launcher's tracebac
 after it only bury that line.
 
 While the machines gather, machine 0's launcher says every 30 s which machines it still waits for
-(store_roll_call.py); the error names them.
+(distributed.store_roll_call()); the error names them.
 """
 
 import argparse
@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 
-from . import store_roll_call
+from .distributed import store_roll_call
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, said, said_once_per_machine
 from .roll_call import RollCall, not_met, say_while_meeting
 from .settings import LAUNCHER
@@ -107,9 +107,7 @@ def _start_roll_call(flags: argparse.Namespace) -> RollCall | None:
         return None
     if flags.machines < 2:
         return None
-    return store_roll_call.start(
-        flags.master_addr, flags.master_port, flags.machines, flags.node_rank, flags.join_timeout
-    )
+    return store_roll_call(flags.master_addr, flags.master_port, flags.machines, flags.node_rank, flags.join_timeout)
 
 
 def _say_while_meeting(fewest: int, join_timeout: float) -> None:

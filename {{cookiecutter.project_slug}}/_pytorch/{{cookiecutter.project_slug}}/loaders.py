@@ -7,16 +7,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from . import hardware
-from .batches import GuardedCollate, GuardedDataset
+from .batches import DealtBatches, GuardedCollate, GuardedDataset, padding_of, rest_of_epoch, share_size
 from .child_processes import end_with_the_rank
-from .dealing import DealtBatches, padding_of, rest_of_epoch, share_size
 from .distributed import DistEnv
 
 
 class ResumableSampler(DistributedSampler):
     """A DistributedSampler that can go on with a stopped epoch: it leaves out the first `consumed` samples of
     the epoch's order, those the ranks trained before the stop (on this or any other number of processes), and
-    deals the rest as dealing.rest_of_epoch() does (with `consumed` 0, the samples DistributedSampler gives).
+    deals the rest as batches.rest_of_epoch() does (with `consumed` 0, the samples DistributedSampler gives).
 
     It pads the shards to equal length with `padding` repeated samples, so every rank takes as many steps.
     """

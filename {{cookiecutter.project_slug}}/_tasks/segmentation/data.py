@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from .archive import dataset_root
-from .dealing import split_by_label
+from .batches import split_by_label
 from .errors import UserError
 from .images import (
     IMAGE_EXTENSIONS,

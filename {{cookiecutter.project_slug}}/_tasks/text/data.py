@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .archive import dataset_root, is_junk
-from .dealing import split_by_label
+from .batches import split_by_label
 from .errors import UserError
 
 log = logging.getLogger(__name__)
