@@ -15,10 +15,8 @@ import time
 
 project, EPOCHS, seconds_file, framework = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sys.path.insert(0, project)
-from dist_train import cli, distributed, engine, loaders  # noqa: E402
-from dist_train.data import build_datasets  # noqa: E402
+from dist_train import cli, distributed, engine, loaders, seam  # noqa: E402
 from dist_train.logs import LoaderWatch  # noqa: E402
-from dist_train.model import build_model, build_optimizer  # noqa: E402
 from dist_train.preemption import StopRequest  # noqa: E402
 from dist_train.state import EpochProgress  # noqa: E402
 
@@ -26,11 +24,12 @@ reference = importlib.import_module(f"reference_{framework}")
 
 args = cli.parse_args(["--device", "cpu", "--data-dir", f"{project}/data/digits"])
 env = distributed.setup("cpu", 600)
-train_set, val_set, num_classes = build_datasets(args)
+task = seam.Task()
+train_set, val_set, outputs = task.datasets(args)
 train_loader, val_loader = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
-model = distributed.wrap_model(build_model(num_classes), env)
+model = distributed.wrap_model(task.network(seam.data_description(train_set, outputs)), env)
 scaler = engine.grad_scaler(None)  # full precision, as on CPUs
-model, optimizer, scaler = distributed.wrap_optimizer(model, build_optimizer(model, cli.DEFAULT_LR), scaler)
+model, optimizer, scaler = distributed.wrap_optimizer(model, task.optimizer(model, cli.DEFAULT_LR), scaler)
 watch = LoaderWatch.of(train_loader, env)  # as training.py times every batch
 plain_train, plain_val = reference.plain_loaders(train_set, val_set, args.batch_size, args.seed)
 
@@ -38,9 +37,9 @@ plain_train, plain_val = reference.plain_loaders(train_set, val_set, args.batch_
 def baked_epoch(epoch: int) -> None:
     # A fresh stop request: its votes would otherwise count the plain loop's epochs as its own steps.
     engine.train_one_epoch(
-        model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), watch=watch
+        model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), task, watch=watch
     )
-    engine.evaluate(model, val_loader, env)
+    engine.evaluate(model, val_loader, env, task)
 
 
 def plain_epoch(epoch: int) -> None:

@@ -67,7 +67,7 @@ def test_the_notebook_runs_headless_trains_twice_plots_and_predicts(bake, answer
     assert [p.name for p in (two / "logs").iterdir()] == ["rank1.log"]
     # The metrics plot, and predict.py's job on the validation images, in this kernel.
     pictures = [cell for cell in cells if any("image/png" in o.get("data", {}) for o in outputs(cell))]
-    assert len(pictures) == 1 and 'f"val_{task.BEST_METRIC}"' in pictures[0].source
+    assert len(pictures) == 1 and 'f"val_{task.best_metric}"' in pictures[0].source
     [predicted] = [cell for cell in cells if "predict.predict(" in cell.source]
     assert "predicted 360 inputs" in text_of(predicted)
     rows = (run_folder / "two-processes" / "predictions").read_text(encoding="utf-8").splitlines()

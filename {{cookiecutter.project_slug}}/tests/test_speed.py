@@ -10,7 +10,6 @@ import pytest
 
 from {{ cookiecutter.project_slug }} import checkpoint, distributed, hardware, inference, seam, settings, task, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.model import build_model
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
 
@@ -105,7 +104,7 @@ def test_a_compiled_run_saves_the_plain_model_and_resumes_with_or_without_compil
     run_sh(project_root, output, "--epochs", "2")  # resumed without --compile
     run_sh(project_root, output, "--epochs", "3", "--compile")  # and with it again
 
-    model = build_model(data["num_classes"], **seam.model_options(build_model, data))
+    model = seam.Task().network(data)
     assert sorted(weights) == sorted(model.state_dict())  # no _orig_mod., no module.
     assert [epoch for epoch, *_ in losses(output)] == [1, 2, 3]
     if settings.FRAMEWORK == "paddle":

@@ -89,8 +89,8 @@ def _take_extraction_lock(lock: FileLock, archive: Path, target: Path, timeout: 
 def prepare_dataset(
     dataset_zip: str | None, data_dir: str, *, max_gb: float, lock_timeout: float, local_rank: int
 ) -> None:
-    """run.py's data step, once per machine: extract the archive, if there is one, into `data_dir`; or the bundled
-    sample's archive, where `data_dir` is its folder."""
+    """run.py's data step, once per machine: extract the archive, if there is one, into `data_dir`. (The bundled
+    sample is extracted when the data's code asks for its root: dataset_root(); never for data of the code's own.)"""
     if dataset_zip:
         ensure_extracted(
             dataset_zip,
@@ -99,12 +99,10 @@ def prepare_dataset(
             lock_timeout=lock_timeout,
             show_progress=show_progress_here(local_rank),
         )
-    else:
-        extract_sample_for(data_dir, lock_timeout)
 
 
 def extract_sample_for(data_dir: str | Path, lock_timeout: float = 3600.0) -> None:
-    """The bundled sample's archive extracted where it belongs, when `data_dir` is its folder (run.py's data step
+    """The bundled sample's archive extracted where it belongs, when `data_dir` is its folder (dataset_root()
     asks; the data.py of the first versions asks itself)."""
     if SAMPLE_ARCHIVE.is_file() and Path(data_dir).resolve() == SAMPLE_DATA_DIR:
         ensure_extracted(SAMPLE_ARCHIVE, SAMPLE_DATA_DIR, lock_timeout=lock_timeout, show_progress=False)
@@ -127,8 +125,9 @@ def dataset_root(folder: str | Path, marker: str | Path | None = None) -> Path:
     (hidden files and junk aside) that does, that folder is the root: `mydata.zip` holding
     `mydata/train/...` (and a README beside it) reads as `train/...`. A lone `train/` is not
     unwrapped: `folder` holds the marker. Without a marker (predict.py's inputs), a folder
-    that holds one folder and nothing else is unwrapped.
+    that holds one folder and nothing else is unwrapped. The bundled sample's folder is extracted first.
     """
+    extract_sample_for(folder)
     folder = Path(folder)
     if marker is not None and (folder / marker).exists():
         return folder

@@ -94,7 +94,7 @@ def resolve_data_paths(args, quiet: bool = False) -> None:
     line saying where, if that folder cannot be written).
     ModelArts's --data_url fills in whichever of the two it holds and the user did not give.
     Neither: the bundled sample's folder, data/<SAMPLE>; in a dataset=zip project the datasets that read it
-    extract data/<SAMPLE>.zip there first (archive.prepare_dataset()). --synthetic needs no data: nothing is extracted.
+    extract data/<SAMPLE>.zip there first (archive.dataset_root()). --synthetic needs no data: nothing is extracted.
     """
     if args.data_url:
         archive, folder = data_url_paths(args.data_url, ARCHIVE_SUFFIXES)

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 STAGE_1 = "sharding stage 1"
 
 
+ACC = ("acc", "max")  # these tests' saves pick best.* by an accuracy
+
+
 def build(directory: Path, strategy: str) -> Checkpointer:
     """A model of several parameters (each rank's part holds some), Adam, wrapped as run.py wraps them."""
     env = distributed.setup("cpu", timeout_s=120)
@@ -35,7 +38,7 @@ def build(directory: Path, strategy: str) -> Checkpointer:
         optimizer = paddle.optimizer.Adam(0.01, parameters=model.parameters())
         scheduler = engine.cosine_schedule(optimizer, 10)
     model, optimizer, scaler = distributed.wrap_optimizer(model, optimizer, engine.grad_scaler(None), strategy)
-    return Checkpointer(directory, env, model, optimizer, scheduler, scaler)
+    return Checkpointer(directory, env, model, optimizer, scheduler, scaler, best=ACC)
 
 
 def take_steps(saver: Checkpointer, steps: int = 2) -> None:
@@ -128,7 +131,7 @@ def test_each_rank_saves_its_part_into_a_folder_the_links_switch_to_and_one_proc
     assert parts[0].keys().isdisjoint(parts[1].keys()) and parts[0] and parts[1]  # each rank holds a part
 
     saver = build(directory, "ddp")  # one process, no launcher: the whole state, both parts merged
-    assert saver.resume("auto") == TrainingState(2, 0.9)
+    assert saver.resume("auto") == TrainingState(2, 0.9, best_metric="acc", best_mode="max")
     whole = optimizer_state(saver)
     assert whole.keys() == parts[0].keys() | parts[1].keys()
     for part in parts:
