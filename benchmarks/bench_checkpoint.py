@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, sys.argv[1])  # a baked PyTorch project
-from dist_train import checkpoint, distributed  # noqa: E402
+from dist_train import checkpoint, distributed, engine  # noqa: E402
 from dist_train.checkpoint import Checkpointer  # noqa: E402
 
 
@@ -26,9 +26,9 @@ def main(output: Path, repeats: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model(torch.randn(4, 5000)).sum().backward()
     optimizer.step()
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0)
+    schedule = engine.cosine_schedule(optimizer, epochs=1)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    saver = Checkpointer(output, env, model, optimizer, scheduler, scaler)
+    saver = Checkpointer(output, env, model, optimizer, schedule, scaler)
 
     writes = []
     original_save = checkpoint._atomic_save

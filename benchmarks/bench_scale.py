@@ -80,14 +80,15 @@ def train(model, optimizer, saver, batch: torch.Tensor) -> tuple[float, list[flo
 
 
 def save_cost(env, output: Path, repeats: int) -> dict:
+    from dist_train import engine
     from dist_train.checkpoint import Checkpointer
 
     model, optimizer = build(env, "fsdp")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0)
+    schedule = engine.cosine_schedule(optimizer, epochs=1)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     savers = {}
     for mode in ("sync", "async"):
-        savers[mode] = Checkpointer(output / mode, env, model, optimizer, scheduler, scaler)
+        savers[mode] = Checkpointer(output / mode, env, model, optimizer, schedule, scaler)
         savers[mode].every_steps = EVERY
         savers[mode].save_in_background(mode == "async")
     batch = torch.randn(BATCH, WIDTH)

@@ -19,6 +19,7 @@ SHARED_PACKAGE = {
     "machine_checks",
     "elastic",  # NNODES=MIN:MAX
     "cli",
+    "task_options",  # the task's own flags, read from data.py and task.py
     "errors",
     "logs",
     "archive",
@@ -65,6 +66,7 @@ SHARED_TESTS = {
     "test_loading.py",
     "test_speed.py",
     "test_resume_flags.py",
+    "test_schedule.py",
     "test_folder_lock.py",
     "test_disk_full.py",
     "test_stalled_ranks.py",

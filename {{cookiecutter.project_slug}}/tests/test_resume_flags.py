@@ -1,6 +1,7 @@
 """A resumed run keeps what its checkpoint remembers; a flag given on the resume's command line wins, and says so."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -57,3 +58,18 @@ def test_a_rate_given_on_resume_applies_from_there_on_and_the_log_says_so(projec
     assert rates(output)[2] == round(optimizer_rate(output, 0.001), 6)  # the given rate, as a run started at it has
     assert 0 < rates(output)[3] < rates(output)[2]  # and the schedule goes on from it
     assert "--lr 0.001: the resumed run trains at it from epoch 3 on" in log
+
+
+def test_a_warmup_rises_from_zero_a_resume_keeps_it_and_a_new_one_given_wins(project_root, tmp_path):
+    output = tmp_path / "output"
+    run_py(project_root, output, "--epochs", "1", "--warmup-epochs", "2")
+
+    run_py(project_root, output, "--epochs", "3")  # the warmup of 2 epochs goes on
+    log = run_py(project_root, output, "--epochs", "4", "--warmup-epochs", "0")
+
+    rate = optimizer_rate(output, cli.DEFAULT_LR)
+    # Each epoch's first rate: epoch 1 at 0, epoch 2 half-way up the warmup, epoch 3 at the full rate (the warmup
+    # over, the cosine starts), epoch 4 on the 4-epoch cosine without a warmup.
+    expected = [0, 0.5, 1, 0.5 * (1 + math.cos(math.pi * 3 / 4))]
+    assert rates(output) == [round(rate * factor, 6) for factor in expected]
+    assert "--warmup-epochs 0 replaces the resumed run's 2" in log

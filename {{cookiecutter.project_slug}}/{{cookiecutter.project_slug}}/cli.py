@@ -5,14 +5,12 @@ import argparse
 import ast
 import math
 import os
-from pathlib import Path
 from typing import NoReturn
 
-from . import workspace
+from . import task_options, workspace
 from .errors import PlatformError
 from .settings import DATASET, FRAMEWORK, SAMPLE
 
-TASK_FILES = ("data.py", "task.py")  # the user's files that may declare options of run.py and predict.py
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
 DEFAULT_LR = 0.05
 STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp", "sharding")}[FRAMEWORK]
@@ -42,6 +40,7 @@ non_negative_int = number(int, lambda value: value >= 0, "0 or more", "non_negat
 # (nan and inf refused too: the waits hand the seconds to the framework and to the file lock)
 positive_seconds = number(float, lambda value: 0 < value < math.inf, "a number of seconds above 0", "positive_seconds")
 positive_number = number(float, lambda value: 0 < value < math.inf, "a number above 0", "positive_number")
+non_negative_number = number(float, lambda value: 0 <= value < math.inf, "a number, 0 or more", "non_negative_number")
 fraction = number(float, lambda value: 0 < value < 1, "between 0 and 1 (exclusive)", "fraction")
 
 
@@ -86,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help=f"learning rate for the global batch (not scaled for you; default {DEFAULT_LR}); a resumed run keeps "
         "its own unless this is given, and then trains at it from there on, the schedule continuing from it",
+    )
+    parser.add_argument(
+        "--warmup-epochs",
+        type=non_negative_number,
+        metavar="W",
+        help="the learning rate rises from 0 over the first W epochs (fractions allowed), then decays on the cosine; "
+        "it changes after every optimizer step; a resumed run keeps its own W unless this is given",
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument(
@@ -133,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
         + (f" (default: none; without --data-dir, data/{SAMPLE}.zip)" if DATASET == "zip" else ""),
     )
-    add_task_options(parser, "OPTIONS")
+    task_options.add(parser, "OPTIONS", TYPES)
     batches = parser.add_mutually_exclusive_group()
     batches.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     batches.add_argument(
@@ -270,7 +276,7 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
 
 
 def _one_line_on_error(build) -> argparse.ArgumentParser:
-    """build()'s parser; a task option that cannot be one (data.py's, task.py's) ends the process in one line."""
+    """build()'s parser; a task option that cannot be one (task_options.add()) ends the process in one line."""
     try:
         return build()
     except PlatformError as error:
@@ -301,7 +307,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output", help="the file (or folder) to write, by rank 0 (default: task.write_predictions()'s)"
     )
-    add_task_options(parser, "PREDICT_OPTIONS")
+    task_options.add(parser, "PREDICT_OPTIONS", TYPES)
     parser.add_argument("--batch-size", type=positive_int, default=256, help="inputs per forward pass")
     parser.add_argument(
         "--workers",
@@ -311,70 +317,6 @@ def build_predict_parser() -> argparse.ArgumentParser:
     )
     add_process_flags(parser)
     return parser
-
-
-def add_task_options(parser: argparse.ArgumentParser, name: str) -> None:
-    """The options data.py and task.py declare in their dict `name` (OPTIONS: run.py's; PREDICT_OPTIONS:
-    predict.py's), flag: add_argument()'s keywords, "type" by name (TYPES); where neither declares any, the first
-    versions' (FIRST_OPTIONS)."""
-    declared = {file: task_options(file, name) for file in TASK_FILES}
-    if all(task_options(file, dict_name) is None for file in TASK_FILES for dict_name in FIRST_OPTIONS):
-        declared = {"cli.py": FIRST_OPTIONS[name]}  # task files of the first versions, which declare none
-    for file, options in declared.items():
-        for flag, keywords in (options or {}).items():
-            keywords = dict(keywords)
-            if keywords.get("type") not in (None, *TYPES):
-                raise PlatformError(
-                    f"{file}: {name}[{flag!r}] has type {keywords['type']!r}: use one of {', '.join(TYPES)}"
-                )
-            if "type" in keywords:
-                keywords["type"] = TYPES[keywords["type"]]
-            try:
-                parser.add_argument(flag, **keywords)
-            except (argparse.ArgumentError, TypeError, ValueError) as error:
-                raise PlatformError(f"{file}: {name}[{flag!r}] cannot be an option ({error})") from None
-
-
-# The task options of the first versions' run.py and predict.py, for data.py and task.py that declare none (taken
-# over unchanged by a template update: CHANGELOG.md).
-FIRST_OPTIONS = {
-    "OPTIONS": {
-        "--labels-csv": {"metavar": "FILE", "help": "labels from a CSV file: image path, class name"},
-        "--val-fraction": {"type": "fraction", "default": 0.1, "help": "held out for validation, without a split"},
-        "--image-size": {"type": "positive_int", "metavar": "N", "help": "side in pixels images are resized to"},
-        "--channels": {"type": "int", "choices": [1, 3], "help": "1: grey, 3: RGB images"},
-        "--target": {"default": "target", "metavar": "NAME", "help": "regression: the CSV column to learn"},
-        "--num-classes": {"type": "positive_int", "metavar": "N", "help": "segmentation: the number of classes"},
-    },
-    "PREDICT_OPTIONS": {
-        "--sample-submission": {"metavar": "FILE", "help": "a competition's sample CSV, to follow"},
-        "--probabilities": {"action": "store_true", "help": "add the predicted class's probability"},
-    },
-}
-
-
-def task_options(file: str, name: str) -> dict | None:
-    """The dict `name` of the package's `file` (None where it has none), read from its text: importing the file
-    would import the framework, slow to load, and on a GPU build start CUDA in a notebook's kernel (where run.py's
-    flags are read too)."""
-    path = Path(__file__).with_name(file)
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, SyntaxError) as error:
-        raise PlatformError(f"{file} cannot be read for its options ({type(error).__name__}: {error})") from None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
-            try:
-                options = ast.literal_eval(node.value)
-            except ValueError:
-                options = None
-            if not isinstance(options, dict) or not all(isinstance(value, dict) for value in options.values()):
-                raise PlatformError(
-                    f"{file}: {name} must be a dict of plain values, flag: add_argument()'s keywords "
-                    "(it is read from the file's text)"
-                )
-            return options
-    return None
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -36,6 +37,27 @@ def gpu_shortage(processes: int, gpus: int, device: str) -> str | None:
     """The line for `processes` on a machine with `gpus` GPUs, where --device auto or gpu gives each process a GPU
     of its own and there are too few (none at all: they train on the CPU); None where they fit."""
     return more_processes_than_gpus(processes, gpus) if device != "cpu" and 0 < gpus < processes else None
+
+
+def no_space_line(directory: Path, needed: int) -> str:
+    """Why a save of about `needed` bytes failed on a full disk, and what to do."""
+    free = shutil.disk_usage(directory).free
+    return (
+        f"no space left in {directory} for the checkpoint: it needs about {needed / 2**20:.1f} MB, "
+        f"{free / 2**20:.1f} MB are free; the last complete checkpoint there is kept: free some space (or move "
+        "the output folder to a larger disk) and run the same command to resume from it"
+    )
+
+
+def bytes_of(contents) -> int:
+    """About the bytes a checkpoint of `contents` takes: those of its tensors and arrays (either framework's)."""
+    if isinstance(contents, dict):
+        contents = list(contents.values())
+    if isinstance(contents, (list, tuple)):
+        return sum(bytes_of(item) for item in contents)
+    if hasattr(contents, "element_size"):  # a torch or paddle tensor
+        return contents.element_size() * math.prod(contents.shape)
+    return getattr(contents, "nbytes", 0)  # a numpy array
 
 
 def disk_full(error: BaseException) -> bool:

@@ -13,13 +13,40 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import distributed, elastic
-from .errors import UserError, disk_full
+from .errors import UserError, bytes_of, disk_full, no_space_line
 
 log = logging.getLogger(__name__)
 
 # The best checkpoint of this template's first versions, before task.py said what picks it (their checkpoints hold
 # best_acc, and no metric's name): the sample's accuracy, higher is better.
 FIRST_BEST = ("acc", "max")
+
+
+class Schedule:
+    """The learning rate over training, as a factor of the optimizer's rate and a closed form of where training
+    stands (`position`, in epochs: 2.5 is half-way through the third): a rise from 0 over the first `warmup` epochs
+    (--warmup-epochs), then a cosine from 1 to 0 at `epochs` (a resumed run with a larger --epochs follows the new
+    horizon). The loops advance() it after every optimizer step; the framework's scheduler (`stepper`, whose rate
+    is its base rate x factor()) sets the optimizer's rate from it."""
+
+    def __init__(self, epochs: int, warmup: float = 0.0):
+        self.epochs, self.warmup = epochs, warmup
+        self.position = 0.0
+        self.stepper = None  # engine.cosine_schedule() sets it
+
+    def factor(self, position: float | None = None) -> float:
+        """At `position`, or where training stands."""
+        position = self.position if position is None else position
+        if position < self.warmup:
+            return position / self.warmup
+        span = self.epochs - self.warmup
+        done = min((position - self.warmup) / span, 1.0) if span > 0 else 0.0  # (no cosine left: the full rate)
+        return 0.5 * (1 + math.cos(math.pi * done))
+
+    def advance(self, position: float) -> None:
+        """After an optimizer step at `position`: the rate of the next step."""
+        self.position = position
+        self.stepper.step()
 
 
 @dataclass
@@ -60,6 +87,10 @@ class TrainingState:
     # return.
     best_metric: str = "loss"
     best_mode: str = "min"
+    # Where the schedule stands, in epochs (None: at the epochs done, as the first versions' per-epoch schedule), and
+    # its warmup (--warmup-epochs).
+    position: float | None = field(default=None, compare=False)
+    warmup_epochs: float = 0.0
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -124,20 +155,20 @@ class CheckpointerBase:
 
     A framework's Checkpointer adds its files: _write() (rank 0; every rank where _every_rank_writes)
     and _read(), which loads the model, optimizer, schedule and scaler; _init_weights() for
-    --init-from; and its random streams and schedule (its base rate, and the factor of the epoch
-    it is at).
+    --init-from; and its random streams and schedule's rates (its base rate; the rate of the schedule's factor).
+    `schedule` is engine.cosine_schedule()'s Schedule.
     """
 
     _every_rank_writes = False  # a framework's Checkpointer sets it where each rank saves its own shards
     _saves_in_background = False  # and this where those saves can be written while training goes on
 
     def __init__(
-        self, directory: str | Path, env, model, optimizer, scheduler, scaler=None, data: dict | None = None,
+        self, directory: str | Path, env, model, optimizer, schedule: Schedule, scaler=None, data: dict | None = None,
         best: tuple[str, str] = ("loss", "min"),
     ):  # fmt: skip
         self.directory = Path(directory)
         self.env = env
-        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.model, self.optimizer, self.schedule, self.scaler = model, optimizer, schedule, scaler
         self.data = data or {}  # seam.data_description(): saved with every checkpoint, for predictions
         self.best = best  # task.py's BEST_METRIC and BEST_MODE
         self.state = TrainingState(best_metric=best[0], best_mode=best[1])
@@ -182,14 +213,16 @@ class CheckpointerBase:
         if stopped.progress.step:
             self.save_progress(stopped.progress)
 
-    def resume(self, how: str, init_from: str | None = None, lr: float | None = None) -> TrainingState:
+    def resume(
+        self, how: str, init_from: str | None = None, lr: float | None = None, warmup_epochs: float | None = None
+    ) -> TrainingState:
         """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
 
         Every rank loads it, and all must find the same point: a machine that cannot see the
         checkpoint would otherwise start afresh and train a different model. A fresh start
         begins from the weights of `init_from` (--init-from), where they fit the model. A resumed
         run keeps its learning rate, or, given `lr` (--lr), trains at it from there on, the
-        schedule continuing from it.
+        schedule continuing from it; likewise with `warmup_epochs` (--warmup-epochs), else it keeps its warmup.
         """
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
@@ -210,16 +243,28 @@ class CheckpointerBase:
                 f"ranks found checkpoints of different epochs ({[epoch for epoch, _ in points]}) in {self.directory}: "
                 "give every machine the same --output-dir on a shared filesystem, or copy the checkpoints to each"
             )
+        self._place_schedule(loaded is not None, warmup_epochs)
         if loaded is not None and self.state.base_lr is not None:
             self._set_base_lr(self.state.base_lr)  # the run's own, not build_optimizer()'s default
         if loaded is not None and lr is not None:
-            factor = self._schedule_factor()
+            factor = self.schedule.factor()
             log.info("--lr %g: the resumed run trains at it from epoch %d on (it was at %g), the schedule going on "
                      "from it", lr, self.state.epochs_done + 1, self._base_lr() * factor)  # fmt: skip
             self._set_base_lr(lr / factor if factor > 0 else lr)
         self.state.base_lr = self._base_lr()
         self._reapply_schedule()
         return self.state
+
+    def _place_schedule(self, resumed: bool, warmup_epochs: float | None) -> None:
+        """The schedule where the resumed run left it (a checkpoint of the first versions: at its epochs done), with
+        its warmup, or the one given (said when it differs)."""
+        schedule, state = self.schedule, self.state
+        schedule.position = state.epochs_done if state.position is None else state.position
+        if warmup_epochs is not None:
+            if resumed and warmup_epochs != state.warmup_epochs:
+                log.info("--warmup-epochs %g replaces the resumed run's %g", warmup_epochs, state.warmup_epochs)
+            state.warmup_epochs = warmup_epochs
+        schedule.warmup = state.warmup_epochs
 
     def _fitting(self, own: dict, given: dict, path: Path) -> dict:
         """The tensors of `given` that fit the model's (`own`: same name, same shape); the others are listed."""
@@ -256,6 +301,8 @@ class CheckpointerBase:
                 "grad_accum": state.grad_accum,
                 "amp_dtype": state.amp_dtype,
                 "base_lr": state.base_lr,
+                "position": self.schedule.position,
+                "warmup_epochs": state.warmup_epochs,
             }
             problem = self._write_unless_disk_full(training, is_best)
         # The others wait here, not at the next step's collective: a long save must not run into its timeout.
@@ -280,17 +327,10 @@ class CheckpointerBase:
 
     def _bytes_needed(self) -> int:
         """About the bytes of a checkpoint: the model's and the optimizer's tensors."""
-        return _bytes_of((distributed.unwrap(self.model).state_dict(), self.optimizer.state_dict()))
+        return bytes_of((distributed.unwrap(self.model).state_dict(), self.optimizer.state_dict()))
 
     def _no_space(self) -> str:
-        """Why a save failed on a full disk, and what to do."""
-        needed = self._bytes_needed()
-        free = shutil.disk_usage(self.directory).free
-        return (
-            f"no space left in {self.directory} for the checkpoint: it needs about {_megabytes(needed)}, "
-            f"{_megabytes(free)} are free; the last complete checkpoint there is kept: free some space (or move "
-            "the output folder to a larger disk) and run the same command to resume from it"
-        )
+        return no_space_line(self.directory, self._bytes_needed())
 
     def _restored(self, path: Path, saved: dict) -> TrainingState:
         """Where the loaded checkpoint stands for this rank, its random streams restored."""
@@ -324,7 +364,8 @@ class CheckpointerBase:
         return TrainingState(
             saved["epoch"], best_value, progress,
             saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
-            saved.get("best_metric", FIRST_BEST[0]), saved.get("best_mode", FIRST_BEST[1]),
+            saved.get("best_metric", FIRST_BEST[0]), saved.get("best_mode", FIRST_BEST[1]), saved.get("position"),
+            saved.get("warmup_epochs", 0.0),
         )  # fmt: skip
 
     def _moved(self, saved: list[dict]) -> EpochProgress:
@@ -339,18 +380,3 @@ class CheckpointerBase:
 
 def _shape(tensor) -> tuple[int, ...]:
     return tuple(int(size) for size in tensor.shape)
-
-
-def _bytes_of(contents) -> int:
-    """About the bytes a checkpoint of `contents` takes: those of its tensors and arrays (either framework's)."""
-    if isinstance(contents, dict):
-        contents = list(contents.values())
-    if isinstance(contents, (list, tuple)):
-        return sum(_bytes_of(item) for item in contents)
-    if hasattr(contents, "element_size"):  # a torch or paddle tensor
-        return contents.element_size() * math.prod(contents.shape)
-    return getattr(contents, "nbytes", 0)  # a numpy array
-
-
-def _megabytes(count: int) -> str:
-    return f"{count / 2**20:.1f} MB"

@@ -46,17 +46,18 @@ def train(args) -> None:
         )  # fmt: skip
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = task.optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
-        scheduler = engine.cosine_schedule(optimizer, args.epochs)
+        schedule = engine.cosine_schedule(optimizer, args.epochs)
         scaler = engine.grad_scaler(amp_dtype)
         model, optimizer, scaler = distributed.wrap_optimizer(model, optimizer, scaler, args.strategy)
 
         output_dir = Path(args.output_dir)
         best = (task.best_metric, task.best_mode)  # what picks best.*
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, scheduler, scaler, data, best)
+        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, schedule, scaler, data, best)
         checkpoints.every_steps = args.save_every_steps
         checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
-        state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
+        how = "none" if args.evaluate and args.init_from else args.resume
+        state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
             _evaluate(model, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
             return
@@ -86,9 +87,8 @@ def train(args) -> None:
                 train_stats = engine.train_one_epoch(
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop, task,
                     grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
-                    amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints,
+                    amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints, schedule=schedule,
                 )  # fmt: skip
-                scheduler.step()
                 with engine.collective_timeouts(f"epoch {epoch}'s validation and save", env):
                     val_stats = engine.evaluate(model, val_loader, env, task, amp_dtype)
                     tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))

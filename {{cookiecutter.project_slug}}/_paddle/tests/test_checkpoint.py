@@ -1,6 +1,7 @@
 """Checkpoints are a consistent pair that holds everything a resumed run needs and never a broken file."""
 
 import json
+import math
 import os
 import random
 import warnings
@@ -35,8 +36,8 @@ def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: mode
     with paddle.utils.unique_name.guard():
         model = wrap(nn.Linear(4, out_features))
         optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
-        scheduler = engine.cosine_schedule(optimizer, 10)
-    return Checkpointer(directory, env, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False), best=ACC)
+        schedule = engine.cosine_schedule(optimizer, 10)
+    return Checkpointer(directory, env, model, optimizer, schedule, paddle.amp.GradScaler(enable=False), best=ACC)
 
 
 def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
@@ -49,7 +50,7 @@ def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> Non
         with paddle.utils.unique_name.guard():  # the first step names the momentum buffers, as in a new process
             checkpointer.optimizer.step()
         checkpointer.optimizer.clear_grad()
-        checkpointer.scheduler.step()
+        checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
 
 
 def draw_random_numbers() -> tuple:
@@ -187,6 +188,20 @@ def test_a_checkpoint_from_before_task_py_resumes_its_best_as_accuracy(tmp_path)
     resumed = build_checkpointer(tmp_path).resume("auto")
 
     assert resumed == acc_state(2, 0.75, EpochProgress())
+
+
+def test_a_checkpoint_of_the_per_epoch_schedule_resumes_at_the_rate_of_its_epochs_done(tmp_path):
+    save_epoch(build_checkpointer(tmp_path), 2, 0.75, True)
+    state = paddle.load(str(tmp_path / "last.pdopt"))
+    older = {key: value for key, value in state.items() if key not in ("position", "warmup_epochs")}
+    paddle.save(older, str(tmp_path / "last.pdopt"))  # as the template wrote it before the schedule stepped per step
+
+    resumer = build_checkpointer(tmp_path)
+    resumer.resume("auto")
+
+    assert (resumer.schedule.position, resumer.schedule.warmup) == (2, 0.0)
+    rate = resumer.optimizer.get_lr()
+    assert rate == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 2 / 10)))  # epoch 3's rate of a 10-epoch cosine
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
@@ -376,8 +391,8 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
         """The rate each epoch's optimizer step really applies, as run.py builds, resumes and steps the schedule."""
         model = nn.Linear(4, 3)
         optimizer = paddle.optimizer.SGD(0.1, parameters=model.parameters())  # a step moves by -lr x grad
-        scheduler = engine.cosine_schedule(optimizer, total_epochs)
-        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, scheduler, paddle.amp.GradScaler(enable=False))
+        schedule = engine.cosine_schedule(optimizer, total_epochs)
+        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, schedule, paddle.amp.GradScaler(enable=False))
         checkpointer.resume(resume)  # which also puts the schedule's rate back
         rates = []
         for epoch in run_epochs:
@@ -388,7 +403,7 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
             applied = float(before[0] - model.bias.numpy()[0])
             assert applied == pytest.approx(optimizer.get_lr(), rel=1e-4)  # what run.py records is what trained
             rates.append(applied)
-            scheduler.step()
+            schedule.advance(epoch)
             save_epoch(checkpointer, epoch, 0.0, False)
         return rates
 

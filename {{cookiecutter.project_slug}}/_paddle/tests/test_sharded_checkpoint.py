@@ -36,9 +36,9 @@ def build(directory: Path, strategy: str) -> Checkpointer:
         network = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
         model = distributed.wrap_model(network, env, strategy=strategy)
         optimizer = paddle.optimizer.Adam(0.01, parameters=model.parameters())
-        scheduler = engine.cosine_schedule(optimizer, 10)
+        schedule = engine.cosine_schedule(optimizer, 10)
     model, optimizer, scaler = distributed.wrap_optimizer(model, optimizer, engine.grad_scaler(None), strategy)
-    return Checkpointer(directory, env, model, optimizer, scheduler, scaler, best=ACC)
+    return Checkpointer(directory, env, model, optimizer, schedule, scaler, best=ACC)
 
 
 def take_steps(saver: Checkpointer, steps: int = 2) -> None:

@@ -21,13 +21,13 @@ import paddle
 from paddle.io import DataLoader
 from paddle.static import InputSpec
 
-from . import distributed, loaders
+from . import distributed, engine, loaders
 from .batches import sample_count
 from .distributed import DistEnv
 from .logs import LoaderWatch, LossLog
 from .preemption import Diverged, Stopped, StopRequest
 from .seam import Task
-from .state import EpochProgress, TrainingState
+from .state import EpochProgress, Schedule, TrainingState
 from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,10 @@ def paddle_model(
         return paddle.Model(TaskLoss(network, structure, task), inputs=inputs, labels=[])
 
 
-def schedule_per_epoch() -> paddle.callbacks.LRScheduler:
-    """fit's callback that steps the cosine schedule once per epoch, before EpochEnd saves it (its default: every step)."""
-    return paddle.callbacks.LRScheduler(by_step=False, by_epoch=True)
+def schedule_left_to_epoch_end() -> paddle.callbacks.LRScheduler:
+    """fit's own schedule callback, stepping nothing (without it fit adds one that steps every batch): EpochEnd
+    advances the schedule after every optimizer step, as the basic loop does."""
+    return paddle.callbacks.LRScheduler(by_step=False, by_epoch=False)
 
 
 def clip_gradients(optimizer: paddle.optimizer.Optimizer, max_norm: float | None) -> None:
@@ -111,16 +112,18 @@ class EpochEnd(paddle.callbacks.Callback):
     the epoch trained with, as the basic loop's train_one_epoch() returns them. fit() counts its
     epochs from 0; the epochs here continue `state`: epochs_done + 1, ..., the first of them after
     `state.progress.consumed` samples of its order when a stopped epoch goes on. `saves` (the Checkpointer)
-    writes the mid-epoch checkpoints of --save-every-steps.
+    writes the mid-epoch checkpoints of --save-every-steps; `schedule` (engine.cosine_schedule()'s) is advanced
+    after every optimizer step.
     """
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
         grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
-        saves=None,
+        saves=None, schedule: Schedule | None = None,
     ):  # fmt: skip
         super().__init__()
         self.loader, self.env, self.stop, self.end_epoch, self.saves = loader, env, stop, end_epoch, saves
+        self.schedule = schedule
         self.first_epoch, self.progress = state.epochs_done, replace(state.progress)
         self.grad_accum, self.log_every, self.tracker = grad_accum, log_every, tracker
         # fit() reads the batches itself: the wait for one is the time from the end of a step to the next begin.
@@ -136,7 +139,7 @@ class EpochEnd(paddle.callbacks.Callback):
         self.first_step = self.progress.step = self.progress.batches_done(sampler.batch_size, self.env.world_size)
         self.steps = self.first_step + len(self.loader)
         self.loss_log = LossLog(self.env.is_main, self.epoch, self.steps, self.grad_accum, self.log_every, self.tracker)
-        self.lr = self.model._optimizer.get_lr()  # where paddle's LRScheduler callback finds the optimizer too
+        self.lr = engine.epoch_rate(self.model._optimizer, self.schedule, self.epoch)  # (where fit keeps it)
         self.watch.start_epoch()
         self.step_ended = (time.perf_counter(), time.thread_time())
 
@@ -152,8 +155,11 @@ class EpochEnd(paddle.callbacks.Callback):
         progress.seen += batch
         progress.step += 1
         self.loss_log.step(progress.step, progress.loss_sum, progress.seen)
-        # fit() has just stepped the optimizer (it does every --grad-accum batches); the last step needs no check.
-        if (progress.step - self.first_step) % self.grad_accum == 0 and progress.step < self.steps:
+        stepped = (progress.step - self.first_step) % self.grad_accum == 0  # fit() steps every --grad-accum batches
+        if (stepped or progress.step == self.steps) and self.schedule is not None:
+            self.schedule.advance(self.epoch - 1 + progress.step / self.steps)
+        # The last step needs no check.
+        if stepped and progress.step < self.steps:
             sampler = loaders.train_sampler(self.loader)
             progress.consumed = sampler.consumed_after(progress.step - self.first_step)
             if self.stop.stop_now(self.env, loss_sum=progress.loss_sum, where=(self.epoch, progress.step)):

@@ -60,7 +60,7 @@ def train(args) -> None:
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = task.optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
         fit.clip_gradients(optimizer, args.clip_grad_norm)
-        scheduler = engine.cosine_schedule(optimizer, args.epochs)
+        schedule = engine.cosine_schedule(optimizer, args.epochs)
         # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
         amp_dtype = "fp16" if engine.mixed_precision(args.amp, args.amp_dtype, env) else None
         if amp_dtype and args.amp_dtype == "bf16":
@@ -68,13 +68,14 @@ def train(args) -> None:
 
         output_dir = Path(args.output_dir)
         checkpoints = Checkpointer(
-            output_dir / "checkpoints", env, network, optimizer, scheduler, data=data,
+            output_dir / "checkpoints", env, network, optimizer, schedule, data=data,
             best=(task.best_metric, task.best_mode),
         )  # fmt: skip
         checkpoints.every_steps = args.save_every_steps
         checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
-        state = checkpoints.resume("none" if args.evaluate and args.init_from else args.resume, args.init_from, args.lr)
+        how = "none" if args.evaluate and args.init_from else args.resume
+        state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
             _evaluate(network, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
             return
@@ -114,12 +115,12 @@ def train(args) -> None:
             else:
                 epoch_end = fit.EpochEnd(
                     train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch,
-                    saves=checkpoints,
+                    saves=checkpoints, schedule=schedule,
                 )  # fmt: skip
                 # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
                 out_of_memory_is_a_user_error(MemoryError)(model.fit)(
                     epoch_end.batches, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
-                    accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_per_epoch(), epoch_end],
+                    accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_left_to_epoch_end(), epoch_end],
                 )  # fmt: skip
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)

@@ -56,7 +56,7 @@ _WEIGHTS, _TRAINING = "model.pdparams", "training.pdopt"  # in a sharded save's 
 
 
 class Checkpointer(CheckpointerBase):
-    """(The schedule is attached to the optimizer, engine.cosine_schedule(), whose state holds it.)"""
+    """(The schedule's LambdaDecay is attached to the optimizer, engine.cosine_schedule(), whose state holds it.)"""
 
     @property
     def _sharded(self) -> bool:
@@ -160,21 +160,16 @@ class Checkpointer(CheckpointerBase):
         return weights_path, state
 
     def _reapply_schedule(self) -> None:
-        """Set the learning rate the schedule gives at its current epoch.
-
-        After a resume the scheduler holds the saved run's last_lr, from a schedule a larger
-        --epochs has changed; the optimizer takes last_lr at every step.
-        """
-        self.scheduler.last_lr = self.scheduler.get_lr()
+        """Set the rate the schedule gives where it stands: after a resume the scheduler holds the saved run's
+        last_lr, which a larger --epochs, a warmup or a --lr given has changed; the optimizer takes last_lr at every
+        step."""
+        self.schedule.stepper.last_lr = self.schedule.stepper.get_lr()
 
     def _base_lr(self) -> float:
-        return self.scheduler.base_lr
+        return self.schedule.stepper.base_lr
 
     def _set_base_lr(self, lr: float) -> None:
-        self.scheduler.base_lr = lr  # (paddle's schedule state, in the optimizer's, holds no base rate)
-
-    def _schedule_factor(self) -> float:
-        return self.scheduler.lr_lambda(self.scheduler.last_epoch)
+        self.schedule.stepper.base_lr = lr  # (paddle's schedule state, in the optimizer's, holds no base rate)
 
     def _capture_rng(self) -> dict:
         """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the

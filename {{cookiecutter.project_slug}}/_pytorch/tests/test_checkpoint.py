@@ -1,5 +1,6 @@
 """Checkpoints hold everything a resumed run needs, load safely, and never leave a broken file behind."""
 
+import math
 import os
 import random
 import shutil
@@ -39,9 +40,9 @@ def build_checkpointer(
 ) -> Checkpointer:
     model = model or nn.Linear(4, out_features)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    scheduler = engine.cosine_schedule(optimizer, 10)
+    schedule = engine.cosine_schedule(optimizer, 10)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return Checkpointer(directory, env, model, optimizer, scheduler, scaler, best=ACC)
+    return Checkpointer(directory, env, model, optimizer, schedule, scaler, best=ACC)
 
 
 def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
@@ -52,7 +53,7 @@ def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
         checkpointer.optimizer.zero_grad()
         loss.backward()
         checkpointer.optimizer.step()
-        checkpointer.scheduler.step()
+        checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
 
 
 def draw_random_numbers() -> tuple:
@@ -88,7 +89,7 @@ def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tm
     assert (state["best_metric"], state["best_mode"], state["best_value"]) == ("acc", "max", 0.5)
     assert_same_tensors(state["model"], saver.model.state_dict())
     assert state["optimizer"]["state"], "momentum buffers are missing"
-    assert state["scheduler"]["last_epoch"] == 3
+    assert state["position"] == pytest.approx(0.3)  # take_steps()'s three tenths of an epoch
     assert saver.last_path == tmp_path / "last.pt"
 
 
@@ -186,7 +187,7 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     assert restored["param_groups"] == saved_optimizer["param_groups"]
     for index, buffers in saved_optimizer["state"].items():
         assert_same_tensors(restored["state"][index], buffers)
-    assert resumer.scheduler.last_epoch == saver.scheduler.last_epoch == 3
+    assert resumer.schedule.position == saver.schedule.position == pytest.approx(0.3)
     assert resumer.optimizer.param_groups[0]["lr"] == saver.optimizer.param_groups[0]["lr"]
 
 
@@ -198,6 +199,20 @@ def test_a_checkpoint_from_before_task_py_resumes_its_best_as_accuracy(tmp_path)
     resumed = build_checkpointer(tmp_path).resume("auto")
 
     assert resumed == acc_state(2, 0.75, EpochProgress())
+
+
+def test_a_checkpoint_of_the_per_epoch_schedule_resumes_at_the_rate_of_its_epochs_done(tmp_path):
+    save_epoch(build_checkpointer(tmp_path), 2, 0.75, True)
+    saved = load(tmp_path / "last.pt")
+    older = {key: value for key, value in saved.items() if key not in ("position", "warmup_epochs")}
+    torch.save(older, tmp_path / "last.pt")  # as the template wrote it before the schedule stepped per step
+
+    resumer = build_checkpointer(tmp_path)
+    resumer.resume("auto")
+
+    assert (resumer.schedule.position, resumer.schedule.warmup) == (2, 0.0)
+    rate = resumer.optimizer.param_groups[0]["lr"]
+    assert rate == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 2 / 10)))  # epoch 3's rate of a 10-epoch cosine
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
@@ -322,15 +337,15 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
     def learning_rates(total_epochs: int, run_epochs: range, resume: str) -> list[float]:
         model = nn.Linear(4, 3)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        scheduler = engine.cosine_schedule(optimizer, total_epochs)
+        schedule = engine.cosine_schedule(optimizer, total_epochs)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, scheduler, scaler)
+        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, schedule, scaler)
         checkpointer.resume(resume)  # which also puts the schedule's rate back
         rates = []
         for epoch in run_epochs:
             rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
-            scheduler.step()
+            schedule.advance(epoch)
             save_epoch(checkpointer, epoch, 0.0, False)
         return rates
 

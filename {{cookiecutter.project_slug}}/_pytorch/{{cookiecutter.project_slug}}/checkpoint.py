@@ -79,7 +79,7 @@ class Checkpointer(CheckpointerBase):
         checkpoint = {
             "model": distributed.unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.schedule.stepper.state_dict(),
             "scaler": self._scaler_state(),
             **training,
         }
@@ -95,7 +95,7 @@ class Checkpointer(CheckpointerBase):
         folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
         model, optimizer = get_state_dict(self.model, self.optimizer)
         shards = {"model": model, "optimizer": optimizer}
-        rest = {"scheduler": self.scheduler.state_dict(), "scaler": self._scaler_state(), **training}
+        rest = {"scheduler": self.schedule.stepper.state_dict(), "scaler": self._scaler_state(), **training}
         if not self.in_background:
             self._written(folder, rest, is_best, lambda: dcp.save(shards, checkpoint_id=folder))
             return
@@ -179,7 +179,7 @@ class Checkpointer(CheckpointerBase):
                 f"checkpoint {path} not found: pass --resume auto, none, or an existing file (or sharded folder)"
             )
         checkpoint = self._read_shards(path) if path.is_dir() else self._read_file(path)
-        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.schedule.stepper.load_state_dict(checkpoint["scheduler"])
         # A run without loss scaling (CPU, --no-amp, bfloat16) saved {}: the scaler starts afresh then.
         if self.scaler is not None and checkpoint["scaler"]:
             self.scaler.load_state_dict(checkpoint["scaler"])
@@ -208,27 +208,21 @@ class Checkpointer(CheckpointerBase):
         return checkpoint
 
     def _reapply_schedule(self) -> None:
-        """Set the learning rate the schedule gives at its current epoch.
-
-        After a resume the optimizer holds the rate of the saved run's schedule, which a
-        larger --epochs has changed.
-        """
-        scheduler = self.scheduler
-        for group, base_lr, factor in zip(
-            scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
-        ):
-            group["lr"] = base_lr * factor(scheduler.last_epoch)
+        """Set the rate the schedule gives where it stands: after a resume the optimizer holds the saved run's, which
+        a larger --epochs, a warmup or a --lr given has changed."""
+        stepper = self.schedule.stepper
+        for group, base_lr in zip(self.optimizer.param_groups, stepper.base_lrs, strict=True):
+            group["lr"] = base_lr * self.schedule.factor()
+        stepper._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _base_lr(self) -> float:
-        return self.scheduler.base_lrs[0]
+        return self.schedule.stepper.base_lrs[0]
 
     def _set_base_lr(self, lr: float) -> None:
-        self.scheduler.base_lrs = [lr] * len(self.scheduler.base_lrs)
+        stepper = self.schedule.stepper
+        stepper.base_lrs = [lr] * len(stepper.base_lrs)
         for group in self.optimizer.param_groups:
             group["initial_lr"] = lr
-
-    def _schedule_factor(self) -> float:
-        return self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
 
     def _capture_rng(self) -> dict:
         """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the

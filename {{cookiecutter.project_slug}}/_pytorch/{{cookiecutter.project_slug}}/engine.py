@@ -25,7 +25,7 @@ from .errors import out_of_memory_is_a_user_error
 from .logs import LoaderWatch, LossLog, progress_bar
 from .preemption import Diverged, Stopped, StopRequest
 from .seam import Task
-from .state import EpochProgress
+from .state import EpochProgress, Schedule
 from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, task: Task, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
     watch: LoaderWatch | None = None, amp_dtype: str | None = None, clip_grad_norm: float | None = None,
-    saves=None,
+    saves=None, schedule: Schedule | None = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
     the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
@@ -47,12 +47,13 @@ def train_one_epoch(
     `clip_grad_norm`: the gradients' largest global norm (--clip-grad-norm; None: not clipped).
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker` (logs.LossLog).
     `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
+    `schedule` (cosine_schedule()'s) sets the rate after every optimizer step; "lr" is the rate the pass began at.
     """
     model.train()
     sampler = loaders.train_sampler(loader)
     sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
     sampler.consumed = progress.consumed
-    lr = optimizer.param_groups[0]["lr"]
+    lr = epoch_rate(optimizer, schedule, epoch)
     loss_sum = torch.tensor(progress.loss_sum, device=env.device)
     seen = progress.seen
     start = progress.batches_done(sampler.batch_size, env.world_size)
@@ -80,6 +81,8 @@ def train_one_epoch(
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
+                if schedule is not None:
+                    schedule.advance(epoch - 1 + step / steps)
             loss_sum += loss.detach().float() * count
             seen += count
             loss_log.step(step, loss_sum, seen)
@@ -254,12 +257,21 @@ def whole_on_rank0_only(env: DistEnv, strategy: str, init_from: str | None):
     return torch.device("meta") if on_meta else contextlib.nullcontext()
 
 
-def cosine_schedule(optimizer, epochs: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Cosine decay from the optimizer's learning rate towards 0 over `epochs`, stepped once per epoch.
+def epoch_rate(optimizer, schedule: Schedule | None, epoch: int) -> float:
+    """The rate `epoch` begins at (a pass resumed within it began later), or the optimizer's without a schedule."""
+    return (
+        optimizer.param_groups[0]["lr"]
+        if schedule is None
+        else schedule.stepper.base_lrs[0] * schedule.factor(epoch - 1)
+    )
 
-    A closed form of the epoch: a run resumed with a larger --epochs follows the new horizon.
-    """
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
+
+def cosine_schedule(optimizer, epochs: int, warmup_epochs: float = 0.0) -> Schedule:
+    """The optimizer's learning rate over `epochs`: a rise over `warmup_epochs`, then a cosine decay towards 0
+    (state.Schedule), set after every optimizer step by a LambdaLR of the schedule's factor."""
+    schedule = Schedule(epochs, warmup_epochs)
+    schedule.stepper = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: schedule.factor())
+    return schedule
 
 
 def grad_scaler(amp_dtype: str | None) -> torch.amp.GradScaler:
