@@ -93,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the learning rate rises from 0 over the first W epochs (fractions allowed), then decays on the cosine; "
         "it changes after every optimizer step; a resumed run keeps its own W unless this is given",
     )
+    parser.add_argument(
+        "--patience",
+        type=positive_int,
+        metavar="N",
+        help="stop early after N epochs in a row whose best metric (task.py's BEST_METRIC) did not improve on the "
+        "best so far by more than --min-delta; a resumed run counts on",
+    )
+    parser.add_argument(
+        "--min-delta", type=non_negative_number, default=0.0, metavar="D", help="with --patience: the least improvement"
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument(
         "--output-dir",
@@ -182,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also save OUTPUT_DIR/checkpoints/last (last.*, or a sharded model's last/) every N optimizer steps of an epoch: a run killed without "
         "warning (SIGKILL, a lost machine) resumes from there, losing at most N steps",
+    )
+    parser.add_argument(
+        "--keep-best",
+        type=positive_int,
+        metavar="K",
+        help="keep the checkpoints of the K best epochs too, listed best first in OUTPUT_DIR/checkpoints/top.json",
     )
     parser.add_argument(
         "--save-async",

@@ -1,27 +1,44 @@
-"""The folders of sharded saves, and the links that name them: DIR/checkpoints/last and best.
+"""The saves that are kept: the folders of sharded saves, the links that name them (DIR/checkpoints/last and
+best), and the K best epochs of --keep-best, listed in DIR/checkpoints/top.json.
 
 Every rank writes its part of a save into a new folder, save-<time>; once the folder is complete, rank 0 points
 the links at it. A folder cannot be renamed over another, but a link can be replaced in one step, so a crash
 during a save leaves the links on the previous complete save. Both frameworks' checkpoint.py use these.
 """
 
+import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 LINKS = ("last", "best")
+TOP = "top.json"
+
+
+@dataclass
+class Kept:
+    """An epoch among the --keep-best best: its number and best metric's value, how many are kept, which way."""
+
+    epoch: int
+    value: float
+    keep: int
+    mode: str
 
 
 def new_name() -> str:
     return f"save-{time.time_ns()}"
 
 
-def publish(directory: Path, folder: Path, is_best: bool) -> None:
-    """Make the complete save `folder` the last one (and the best): the links switched to it, older saves gone."""
+def publish(directory: Path, folder: Path, is_best: bool, kept: Kept | None = None) -> None:
+    """Make the complete save `folder` the last one (and the best, and one of the top): the links switched to it,
+    older saves gone."""
     if is_best:  # first: a crash between the two leaves last on the best's predecessor, not best behind
         point(directory / "best", folder)
     point(directory / "last", folder)
+    if kept is not None:
+        record_top(directory, kept, folder.name)
     remove_unlinked(directory)
 
 
@@ -37,8 +54,10 @@ def point(link: Path, folder: Path) -> None:
 
 
 def remove_unlinked(directory: Path) -> None:
-    """Saves neither link points at: older ones, and any a crash left incomplete."""
-    kept = {(directory / link).resolve() for link in LINKS}
+    """Saves no link points at and top.json does not list: older ones, and any a crash left incomplete."""
+    kept = {(directory / link).resolve() for link in LINKS} | {
+        (directory / entry["path"]).resolve() for entry in top(directory)
+    }
     for folder in directory.glob("save-*"):
         if folder.resolve() not in kept:
             shutil.rmtree(folder, ignore_errors=True)
@@ -52,3 +71,43 @@ def newest(file: Path, link: Path, last_written: str) -> Path | None:
         return None
     path = max(saves, key=lambda save: save.stat().st_mtime)
     return link if path.parent == link else path
+
+
+def top(directory: Path) -> list[dict]:
+    """top.json's entries, best first: {"epoch": E, "value": V, "path": P}, P relative to `directory`."""
+    path = directory / TOP
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def enters_top(directory: Path, kept: Kept) -> bool:
+    """Whether the epoch is among the kept.keep best of top.json's and its own (ties: the earlier epoch)."""
+    ranked = _ranked([*_others(directory, kept.epoch), {"epoch": kept.epoch, "value": kept.value}], kept.mode)
+    return any(entry["epoch"] == kept.epoch for entry in ranked[: kept.keep])
+
+
+def record_top(directory: Path, kept: Kept, path: str) -> None:
+    """List the epoch's complete save `path` in top.json (rewritten whole, then switched in), and remove the saves
+    of the entries it pushes out: a file form's files, or a folder no link names."""
+    ranked = _ranked(
+        [*_others(directory, kept.epoch), {"epoch": kept.epoch, "value": kept.value, "path": path}], kept.mode
+    )
+    temporary = directory / f".{TOP}.tmp"
+    temporary.write_text(json.dumps(ranked[: kept.keep], indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, directory / TOP)
+    linked = {(directory / link).resolve() for link in LINKS}
+    for entry in ranked[kept.keep :]:
+        save = directory / entry["path"]
+        if not save.is_dir():
+            for part in directory.glob(f"{save.stem}.*"):
+                part.unlink()
+        elif save.resolve() not in linked:
+            shutil.rmtree(save, ignore_errors=True)
+
+
+def _others(directory: Path, epoch: int) -> list[dict]:
+    return [entry for entry in top(directory) if entry["epoch"] != epoch]  # (a redone epoch replaces its entry)
+
+
+def _ranked(entries: list[dict], mode: str) -> list[dict]:
+    sign = -1 if mode == "max" else 1
+    return sorted(entries, key=lambda entry: (sign * entry["value"], entry["epoch"]))

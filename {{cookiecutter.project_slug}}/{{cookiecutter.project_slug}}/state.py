@@ -12,7 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import distributed, elastic
+from . import distributed, elastic, save_folders
 from .errors import UserError, bytes_of, disk_full, no_space_line
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class TrainingState:
     # its warmup (--warmup-epochs).
     position: float | None = field(default=None, compare=False)
     warmup_epochs: float = 0.0
+    stale_epochs: int = 0  # epochs in a row whose best metric did not improve by more than --min-delta
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -124,29 +125,40 @@ class TrainingState:
         self.global_batch_size, self.grad_accum = target, steps
         return steps
 
-    def finish_epoch(self, epoch: int, metrics: dict) -> bool:
+    def finish_epoch(self, epoch: int, metrics: dict, min_delta: float = 0.0) -> bool:
         """Record a finished epoch; True when its best metric is the best so far in its direction (ties keep the
-        earlier best). A value that is not finite is never best, and is said."""
+        earlier best). A value that is not finite is never best, and is said. An epoch not better by more than
+        `min_delta` is stale (--patience)."""
         value = metrics[self.best_metric]
         if not math.isfinite(value):
             log.info("val_%s is %s at epoch %d: not a number to compare, so not a best checkpoint", self.best_metric,
                      value, epoch)  # fmt: skip
-            is_best = False
+            is_best = improved = False
         elif self.best_value is None:
-            is_best = True
+            is_best = improved = True
         else:
-            is_best = value > self.best_value if self.best_mode == "max" else value < self.best_value
+            gain = value - self.best_value if self.best_mode == "max" else self.best_value - value
+            is_best, improved = gain > 0, gain > min_delta
         if is_best:
             self.best_value = value
+        self.stale_epochs = 0 if improved else self.stale_epochs + 1
         self.epochs_done, self.progress = epoch, EpochProgress()
         return is_best
+
+    def stops_early(self, patience: int | None) -> bool:
+        """Whether --patience ends training here (said): as many epochs in a row without improvement."""
+        if not patience or self.stale_epochs < patience:
+            return False
+        log.info("stopped early after epoch %d: val_%s has not improved on its best, %s, for %d epochs (--patience "
+                 "%d)", self.epochs_done, self.best_metric, f"{self.best_value:.6g}", self.stale_epochs, patience)  # fmt: skip
+        return True
 
     def choose_best_by(self, metric: str, mode: str) -> None:
         """Pick best.* by task.py's metric and direction; a resumed run's best by another one does not count."""
         if (metric, mode) != (self.best_metric, self.best_mode) and self.best_value is not None:
             log.info("best.* was chosen by val_%s (%s) and is now chosen by val_%s (%s): the best so far starts afresh",
                      self.best_metric, self.best_mode, metric, mode)  # fmt: skip
-            self.best_value = None
+            self.best_value, self.stale_epochs = None, 0
         self.best_metric, self.best_mode = metric, mode
 
 
@@ -174,6 +186,7 @@ class CheckpointerBase:
         self.state = TrainingState(best_metric=best[0], best_mode=best[1])
         self.loaded: Path | None = None  # the checkpoint resume() read
         self.every_steps: int | None = None  # --save-every-steps
+        self.keep_best: int | None = None  # --keep-best
         self.in_background = False  # save_in_background()
 
     def save_in_background(self, asked: bool | None) -> None:
@@ -197,13 +210,17 @@ class CheckpointerBase:
 
     def save_progress(self, progress: EpochProgress) -> None:
         """Save how far the epoch got (a mid-epoch last.*, as a stop writes it); on every rank."""
-        self._save(replace(self.state, progress=progress), is_best=False)
+        self._save(replace(self.state, progress=progress), is_best=False, kept=None)
 
-    def end_epoch(self, epoch: int, metrics: dict) -> None:
-        """Record a finished epoch (its validation metrics, without val_) and save it (last, and best when it is
-        the best); on every rank."""
-        is_best = self.state.finish_epoch(epoch, metrics)
-        self._save(self.state, is_best)
+    def end_epoch(self, epoch: int, metrics: dict, min_delta: float = 0.0) -> None:
+        """Record a finished epoch (its validation metrics, without val_) and save it (last, best when it is the
+        best, and kept while it is among the --keep-best best); on every rank."""
+        is_best = self.state.finish_epoch(epoch, metrics, min_delta)
+        kept = save_folders.Kept(epoch, metrics[self.state.best_metric], self.keep_best or 0, self.state.best_mode)
+        among_best = (
+            bool(self.keep_best) and math.isfinite(kept.value) and save_folders.enters_top(self.directory, kept)
+        )
+        self._save(self.state, is_best, kept if among_best else None)
 
     def save_stopped(self, stopped) -> None:
         """Save how far a stopped epoch got (a preemption.Stopped); on every rank.
@@ -284,7 +301,7 @@ class CheckpointerBase:
             log.info("left as build_model() made them (not in the file, or of another shape): %s", ", ".join(left))
         return fitting
 
-    def _save(self, state: TrainingState, is_best: bool) -> None:
+    def _save(self, state: TrainingState, is_best: bool, kept: save_folders.Kept | None) -> None:
         # Every rank's random streams and progress are gathered; only rank 0 writes (every rank its shards).
         per_rank = distributed.all_gather_object((self._capture_rng(), state.progress.to_dict()))
         problem = None
@@ -303,17 +320,18 @@ class CheckpointerBase:
                 "base_lr": state.base_lr,
                 "position": self.schedule.position,
                 "warmup_epochs": state.warmup_epochs,
+                "stale_epochs": state.stale_epochs,
             }
-            problem = self._write_unless_disk_full(training, is_best)
+            problem = self._write_unless_disk_full(training, is_best, kept)
         # The others wait here, not at the next step's collective: a long save must not run into its timeout.
         problem = distributed.share_from_main(problem, "rank 0's checkpoint save")
         if problem:
             raise UserError(problem, shown=self.env.local_rank == 0)
 
-    def _write_unless_disk_full(self, training: dict, is_best: bool) -> str | None:
+    def _write_unless_disk_full(self, training: dict, is_best: bool, kept) -> str | None:
         """Write the checkpoint; or, where the disk is full, leave the last one as it was and say why."""
         try:
-            self._write(training, is_best)
+            self._write(training, is_best, kept)
             return None
         except Exception as error:
             if not self._out_of_space(error):
@@ -365,7 +383,7 @@ class CheckpointerBase:
             saved["epoch"], best_value, progress,
             saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
             saved.get("best_metric", FIRST_BEST[0]), saved.get("best_mode", FIRST_BEST[1]), saved.get("position"),
-            saved.get("warmup_epochs", 0.0),
+            saved.get("warmup_epochs", 0.0), saved.get("stale_epochs", 0),
         )  # fmt: skip
 
     def _moved(self, saved: list[dict]) -> EpochProgress:

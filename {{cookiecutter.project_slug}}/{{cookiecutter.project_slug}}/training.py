@@ -53,7 +53,7 @@ def train(args) -> None:
         output_dir = Path(args.output_dir)
         best = (task.best_metric, task.best_mode)  # what picks best.*
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, schedule, scaler, data, best)
-        checkpoints.every_steps = args.save_every_steps
+        checkpoints.every_steps, checkpoints.keep_best = args.save_every_steps, args.keep_best
         checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
@@ -83,6 +83,8 @@ def train(args) -> None:
             )
         try:
             for epoch in range(state.epochs_done + 1, args.epochs + 1):
+                if state.stops_early(args.patience):  # (a rerun of a stopped run too: it trains nothing)
+                    break
                 started = time.perf_counter()
                 train_stats = engine.train_one_epoch(
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop, task,
@@ -92,7 +94,7 @@ def train(args) -> None:
                 with engine.collective_timeouts(f"epoch {epoch}'s validation and save", env):
                     val_stats = engine.evaluate(model, val_loader, env, task, amp_dtype)
                     tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-                    checkpoints.end_epoch(epoch, val_stats)
+                    checkpoints.end_epoch(epoch, val_stats, args.min_delta)
                     stop.after_epoch(env, epoch, args.epochs)
             checkpoints.wait_for_save()
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave

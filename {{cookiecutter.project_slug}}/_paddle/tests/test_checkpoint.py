@@ -73,6 +73,24 @@ def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) 
     saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
 
 
+def test_the_two_best_epochs_are_kept_and_listed_best_first_and_resume_auto_takes_the_last(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    saver.keep_best = 2
+    for epoch, acc in enumerate([0.5, 0.7, 0.6, 0.4], start=1):
+        take_steps(saver, 1, seed=epoch)
+        saver.end_epoch(epoch, {"loss": 1.0, "acc": acc})
+
+    top = json.loads((tmp_path / "top.json").read_text())
+    assert top == [
+        {"epoch": 2, "value": 0.7, "path": "epoch-2.pdparams"}, {"epoch": 3, "value": 0.6, "path": "epoch-3.pdparams"}
+    ]  # fmt: skip
+    assert sorted(path.name for path in tmp_path.glob("epoch-*")) == [
+        "epoch-2.json", "epoch-2.pdopt", "epoch-2.pdparams", "epoch-3.json", "epoch-3.pdopt", "epoch-3.pdparams"
+    ]  # fmt: skip
+    assert_same_weights(paddle.load(str(tmp_path / "epoch-2.pdparams")), paddle.load(str(tmp_path / "best.pdparams")))
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 4
+
+
 def test_last_checkpoint_is_weights_and_training_state_that_paddle_load_reads_and_the_data_in_json(tmp_path):
     saver = build_checkpointer(tmp_path)
     take_steps(saver)
@@ -221,9 +239,8 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
 def test_resume_from_an_explicit_path_loads_that_pair(tmp_path, name):
     save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name)) == acc_state(
-        5, 0.6, EpochProgress()
-    )
+    resumed = build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name))
+    assert resumed == acc_state(5, 0.6, EpochProgress(), stale_epochs=1)  # (epoch 5 was not the best)
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):
@@ -351,7 +368,7 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
 
     resumer = build_checkpointer(tmp_path)
     # ... and the next start finishes the save first
-    assert resumer.resume("auto") == acc_state(2, 0.5, EpochProgress())
+    assert resumer.resume("auto") == acc_state(2, 0.5, EpochProgress(), stale_epochs=1)
 
     assert_same_weights(weights_of(resumer.model), weights_at_2)
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES

@@ -78,6 +78,7 @@ def in_ranks(worker, world_size: int, *args) -> None:
 def train_and_save_two_epochs(directory: str, out_dir: str) -> None:
     saver = build(Path(directory), STAGE_1)
     saver.resume("none")
+    saver.keep_best = 1
     take_steps(saver)
     save_epoch(saver, 1, 0.9)  # the best
     take_steps(saver)
@@ -125,13 +126,14 @@ def test_each_rank_saves_its_part_into_a_folder_the_links_switch_to_and_one_proc
     saves = sorted(directory.glob("save-*"))
     assert len(saves) == 2  # epoch 2's (last) and epoch 1's (best); no other
     assert (directory / "last").resolve() == saves[1] and (directory / "best").resolve() == saves[0]
+    assert json.loads((directory / "top.json").read_text()) == [{"epoch": 1, "value": 0.9, "path": saves[0].name}]
     assert sorted(path.name for path in saves[1].iterdir()) == [
         "model.pdparams", "optimizer-0.pdopt", "optimizer-1.pdopt", "training.pdopt"
     ]  # fmt: skip
     assert parts[0].keys().isdisjoint(parts[1].keys()) and parts[0] and parts[1]  # each rank holds a part
 
     saver = build(directory, "ddp")  # one process, no launcher: the whole state, both parts merged
-    assert saver.resume("auto") == TrainingState(2, 0.9, best_metric="acc", best_mode="max")
+    assert saver.resume("auto") == TrainingState(2, 0.9, best_metric="acc", best_mode="max", stale_epochs=1)
     whole = optimizer_state(saver)
     assert whole.keys() == parts[0].keys() | parts[1].keys()
     for part in parts:

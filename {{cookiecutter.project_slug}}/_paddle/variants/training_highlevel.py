@@ -71,7 +71,7 @@ def train(args) -> None:
             output_dir / "checkpoints", env, network, optimizer, schedule, data=data,
             best=(task.best_metric, task.best_mode),
         )  # fmt: skip
-        checkpoints.every_steps = args.save_every_steps
+        checkpoints.every_steps, checkpoints.keep_best = args.save_every_steps, args.keep_best
         checkpoints.save_in_background(args.save_async)
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
@@ -104,15 +104,16 @@ def train(args) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
             val_stats = engine.evaluate(network, val_loader, env, task, amp_dtype)
             tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-            checkpoints.end_epoch(epoch, val_stats)
+            checkpoints.end_epoch(epoch, val_stats, args.min_delta)
             stop.after_epoch(env, epoch, args.epochs)
+            model.stop_training = epoch < args.epochs and state.stops_early(args.patience)  # fit ends after this epoch
 
         try:
             if state.epochs_done >= args.epochs:
                 log.info(
                     "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
                 )
-            else:
+            elif not state.stops_early(args.patience):  # (a rerun of a stopped run trains nothing)
                 epoch_end = fit.EpochEnd(
                     train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch,
                     saves=checkpoints, schedule=schedule,

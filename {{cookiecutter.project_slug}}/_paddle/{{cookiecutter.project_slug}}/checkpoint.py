@@ -70,9 +70,9 @@ class Checkpointer(CheckpointerBase):
     def last_path(self) -> Path:
         return self.directory / (_FOLDERS[LAST] if self._sharded else LAST)
 
-    def _write(self, training: dict, is_best: bool) -> None:
+    def _write(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
         if self._sharded:
-            self._write_parts(training, is_best)
+            self._write_parts(training, is_best, kept)
             return
         training = {
             "optimizer": self.optimizer.state_dict(),
@@ -87,15 +87,17 @@ class Checkpointer(CheckpointerBase):
             _save_synced(training, (staging / LAST).with_suffix(_STATE))
             (staging / LAST).with_suffix(_DATA).write_text(json.dumps(self.data), encoding="utf-8")
             _sync((staging / LAST).with_suffix(_DATA))
-            if is_best:
+            for copy in (["best"] if is_best else []) + ([f"epoch-{kept.epoch}"] if kept else []):
                 for name in (LAST, Path(LAST).with_suffix(_STATE).name, Path(LAST).with_suffix(_DATA).name):
-                    shutil.copyfile(staging / name, staging / name.replace("last", "best"))
+                    shutil.copyfile(staging / name, staging / name.replace("last", copy))
             staging.rename(self.directory / _SAVED)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
         _move_saved_into_place(self.directory)
+        if kept is not None:  # (top.json lists it once it is complete)
+            save_folders.record_top(self.directory, kept, f"epoch-{kept.epoch}{Path(LAST).suffix}")
 
-    def _write_parts(self, training: dict, is_best: bool) -> None:
+    def _write_parts(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
         """Every rank its part of the optimizer state, rank 0 the weights, into a new folder; once all are
         written, rank 0 adds training.pdopt and switches the links. A failed save leaves no folder."""
         folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
@@ -118,7 +120,7 @@ class Checkpointer(CheckpointerBase):
         if self.env.is_main:
             scaler = self.scaler.state_dict() if self.scaler is not None else None
             _save_synced({"scaler": scaler, **training}, folder / _TRAINING)
-            save_folders.publish(self.directory, folder, is_best)
+            save_folders.publish(self.directory, folder, is_best, kept)
 
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)

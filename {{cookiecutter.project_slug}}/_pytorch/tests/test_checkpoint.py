@@ -1,5 +1,6 @@
 """Checkpoints hold everything a resumed run needs, load safely, and never leave a broken file behind."""
 
+import json
 import math
 import os
 import random
@@ -74,6 +75,25 @@ def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) 
     """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
     saver.state = acc_state(epoch - 1, None if is_best else best_acc)
     saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
+
+
+def save_epochs_keeping_the_best_two(saver: Checkpointer, accuracies: list[float]) -> None:
+    """Epochs 1, 2, ... of these accuracies, saved by a run of --keep-best 2."""
+    saver.keep_best = 2
+    for epoch, acc in enumerate(accuracies, start=1):
+        take_steps(saver, 1)
+        saver.end_epoch(epoch, {"loss": 1.0, "acc": acc})
+
+
+def test_the_two_best_epochs_are_kept_and_listed_best_first_and_resume_auto_takes_the_last(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    save_epochs_keeping_the_best_two(saver, [0.5, 0.7, 0.6, 0.4])
+
+    top = json.loads((tmp_path / "top.json").read_text())
+    assert top == [{"epoch": 2, "value": 0.7, "path": "epoch-2.pt"}, {"epoch": 3, "value": 0.6, "path": "epoch-3.pt"}]
+    assert sorted(path.name for path in tmp_path.glob("*.pt")) == ["best.pt", "epoch-2.pt", "epoch-3.pt", "last.pt"]
+    assert_same_tensors(load(tmp_path / "epoch-2.pt")["model"], load(tmp_path / "best.pt")["model"])
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 4
 
 
 def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tmp_path):
@@ -231,9 +251,8 @@ def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
 def test_resume_from_an_explicit_path_loads_that_file(tmp_path):
     save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
-    assert build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt")) == acc_state(
-        5, 0.6, EpochProgress()
-    )
+    resumed = build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt"))
+    assert resumed == acc_state(5, 0.6, EpochProgress(), stale_epochs=1)  # (epoch 5 was not the best)
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):
@@ -471,6 +490,18 @@ def test_a_sharded_save_is_a_folder_the_last_and_best_links_point_at_and_older_s
     assert (tmp_path / "best").resolve() == first and second != first
     assert sorted(path.name for path in tmp_path.glob("save-*")) == sorted([first.name, second.name])
     assert build_checkpointer(tmp_path).resume("auto").epochs_done == 2  # read whole by an unsharded model
+
+
+def test_the_two_best_sharded_saves_are_kept_beside_the_last_and_listed_best_first(tmp_path, process_group_of_one):
+    saver = fsdp_checkpointer(tmp_path)
+    save_epochs_keeping_the_best_two(saver, [0.5, 0.7, 0.6, 0.4])
+
+    top = json.loads((tmp_path / "top.json").read_text())
+    assert [(entry["epoch"], entry["value"]) for entry in top] == [(2, 0.7), (3, 0.6)]
+    kept = {(tmp_path / entry["path"]).resolve() for entry in top}
+    assert (tmp_path / "best").resolve() == (tmp_path / top[0]["path"]).resolve()
+    assert set(tmp_path.glob("save-*")) == kept | {(tmp_path / "last").resolve()}  # epoch 1's save is gone
+    assert build_checkpointer(tmp_path).resume("auto").epochs_done == 4
 
 
 def test_a_sharded_save_that_fails_midway_leaves_the_last_one_complete(tmp_path, process_group_of_one, monkeypatch):

@@ -72,9 +72,9 @@ class Checkpointer(CheckpointerBase):
     def last_path(self) -> Path:
         return self.directory / (_SHARDED[LAST] if self._sharded else LAST)
 
-    def _write(self, training: dict, is_best: bool) -> None:
+    def _write(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
         if self._sharded:
-            self._write_shards(training, is_best)
+            self._write_shards(training, is_best, kept)
             return
         checkpoint = {
             "model": distributed.unwrap(self.model).state_dict(),
@@ -87,8 +87,11 @@ class Checkpointer(CheckpointerBase):
         _atomic_save(checkpoint, self.last_path)
         if is_best:
             _atomic_copy(self.last_path, self.directory / BEST)
+        if kept is not None:  # (top.json lists it once it is complete)
+            _atomic_copy(self.last_path, self.directory / f"epoch-{kept.epoch}.pt")
+            save_folders.record_top(self.directory, kept, f"epoch-{kept.epoch}.pt")
 
-    def _write_shards(self, training: dict, is_best: bool) -> None:
+    def _write_shards(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
         """Every rank its shards, into a new folder; rank 0 then training.pt and the switch of the links. In the
         background (--save-async): the shards are copied now, and written while training goes on."""
         self.wait_for_save()  # one save at a time
@@ -97,18 +100,18 @@ class Checkpointer(CheckpointerBase):
         shards = {"model": model, "optimizer": optimizer}
         rest = {"scheduler": self.schedule.stepper.state_dict(), "scaler": self._scaler_state(), **training}
         if not self.in_background:
-            self._written(folder, rest, is_best, lambda: dcp.save(shards, checkpoint_id=folder))
+            self._written(folder, rest, is_best, kept, lambda: dcp.save(shards, checkpoint_id=folder))
             return
         if self._save_group is None:  # its own group: training's collectives go on during the save
             self._save_group = dist.new_group(backend="gloo")
         writing = dcp.async_save(shards, checkpoint_id=folder, process_group=self._save_group)
-        self._saving = threading.Thread(target=self._written_in_background, args=(folder, rest, is_best, writing))
+        self._saving = threading.Thread(target=self._written_in_background, args=(folder, rest, is_best, kept, writing))
         self._saving.start()
 
-    def _written_in_background(self, folder: Path, rest: dict, is_best: bool, writing) -> None:
+    def _written_in_background(self, folder: Path, rest: dict, is_best: bool, kept, writing) -> None:
         started = time.perf_counter()
         try:
-            self._written(folder, rest, is_best, writing.result)
+            self._written(folder, rest, is_best, kept, writing.result)
         except Exception as error:  # for wait_for_save() to raise, in the training's own thread
             self._save_error = error
             return
@@ -117,7 +120,7 @@ class Checkpointer(CheckpointerBase):
             where = f"epoch {rest['epoch'] + 1} step {step}" if step else f"epoch {rest['epoch']}"
             _log.info("background save of %s written (%.1f s)", where, time.perf_counter() - started)
 
-    def _written(self, folder: Path, rest: dict, is_best: bool, write) -> None:
+    def _written(self, folder: Path, rest: dict, is_best: bool, kept, write) -> None:
         """`write()` the shards of every rank into `folder`; rank 0 then adds training.pt and points the links at
         it. A failed save leaves no folder, and the links as they were."""
         try:
@@ -131,7 +134,7 @@ class Checkpointer(CheckpointerBase):
             raise
         if self.env.is_main:
             _atomic_save(rest, folder / _TRAINING)
-            save_folders.publish(self.directory, folder, is_best)
+            save_folders.publish(self.directory, folder, is_best, kept)
 
     def _wait_for_save(self) -> None:
         if self._saving is not None:
