@@ -19,6 +19,7 @@ SHARED_PACKAGE = {
     "machine_checks",
     "elastic",  # NNODES=MIN:MAX
     "cli",
+    "folds",  # --folds K: the folds, their runs, out-of-fold predictions, the CV score
     "task_options",  # the task's own flags, read from data.py and task.py
     "errors",
     "logs",
@@ -103,6 +104,7 @@ ROOT_FILES = {
     "predict.sh",
     "predict.py",
     "export.py",
+    "cv.py",
     "requirements.txt",
     "requirements-dev.txt",
     "requirements-notebook.txt",

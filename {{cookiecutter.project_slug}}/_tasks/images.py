@@ -95,9 +95,23 @@ def scan_image_folder(root: str | Path) -> tuple[list[Sample], list[str]]:
 def image_splits(
     data_dir: str | Path, labels_csv: str | Path | None = None, val_fraction: float = VAL_FRACTION, seed: int = 0
 ) -> Splits:
-    """The training and validation samples under data_dir, from class folders or from a labels CSV."""
+    """The training and validation samples under data_dir, from class folders or from a labels CSV: val/'s, or
+    without a val/ split a held-out part of each class."""
+    samples, classes, in_val, _ = labelled_images(data_dir, labels_csv)
+    if any(in_val):
+        return Splits(
+            [s for s, v in zip(samples, in_val, strict=True) if not v],
+            [s for s, v in zip(samples, in_val, strict=True) if v],
+            classes,
+        )
+    return held_out(samples, classes, val_fraction, seed)
+
+
+def labelled_images(data_dir: str | Path, labels_csv: str | Path | None = None) -> tuple:
+    """Every labelled image under data_dir (train and val together) with its class index, the class names,
+    whether each is in the validation split (under val/), and the data's root (what the paths are under)."""
     if labels_csv:
-        return csv_splits(data_dir, labels_csv, val_fraction, seed)
+        return csv_images(data_dir, labels_csv)
     root = dataset_root(data_dir, "train")
     if not (root / "train").is_dir():
         raise UserError(
@@ -105,16 +119,16 @@ def image_splits(
             "or one folder holding them; for images labelled by a CSV file pass --labels-csv"
         )
     train, classes = scan_image_folder(root / "train")
+    val = []
     if (root / "val").is_dir():
         val, val_classes = scan_image_folder(root / "val")
         if val_classes != classes:
             raise UserError(f"{root}/train and {root}/val hold different class folders: they must match")
-        return Splits(train, val, classes)
-    return held_out(train, classes, val_fraction, seed)
+    return train + val, classes, [False] * len(train) + [True] * len(val), root
 
 
-def csv_splits(data_dir: str | Path, labels_csv: str | Path, val_fraction: float, seed: int) -> Splits:
-    """Samples labelled by a CSV file; rows whose image lies under val/ are the validation split, if any."""
+def csv_images(data_dir: str | Path, labels_csv: str | Path) -> tuple:
+    """Samples labelled by a CSV file; rows whose image lies under val/ are the validation split."""
     csv_path = find_labels_csv(labels_csv, data_dir)
     rows = read_csv_rows(csv_path)
     first = image_path(rows[0][1][0])
@@ -132,14 +146,7 @@ def csv_splits(data_dir: str | Path, labels_csv: str | Path, val_fraction: float
     classes = sorted({name for _, name in labelled})
     index = {name: label for label, name in enumerate(classes)}
     samples = [(root / path, index[name]) for path, name in labelled]
-    in_val = [PurePosixPath(path).parts[0] == "val" for path, _ in labelled]
-    if any(in_val):
-        return Splits(
-            [s for s, v in zip(samples, in_val, strict=True) if not v],
-            [s for s, v in zip(samples, in_val, strict=True) if v],
-            classes,
-        )
-    return held_out(samples, classes, val_fraction, seed)
+    return samples, classes, [PurePosixPath(path).parts[0] == "val" for path, _ in labelled], root
 
 
 def find_labels_csv(labels_csv: str | Path, data_dir: str | Path) -> Path:

@@ -1,7 +1,7 @@
 """Batches: which samples go where, the same on every rank (whole batches dealt to the ranks, for validation and
 prediction: the same batches whatever the number of processes, so each sample's numbers are too, and every sample
-counted once; a stopped epoch's rest; the samples held out for validation); and what a loader gives the loops: a
-batch's samples counted whatever its structure, its structure in words for error lines, and the user's dataset and
+counted once; a stopped epoch's rest; the samples held out for validation; all the labeled ones, for --folds); and
+what a loader gives the loops: a batch's samples counted whatever its structure, its structure in words for error lines, and the user's dataset and
 collate guarded, so that their errors (in a loader worker too) reach the loop as a batch that says them, naming the
 user's function (a guarded loader's batches go through sample_count() first).
 """
@@ -11,6 +11,7 @@ import contextlib
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -88,6 +89,26 @@ def split_by_label(labels: list[int], fraction: float, seed: int) -> tuple[list[
         rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, int(label)])
         held.update(rng.permutation(members)[: val_count(len(members), fraction)].tolist())
     return [index for index in range(len(labels)) if index not in held], sorted(held)
+
+
+class Labeled(NamedTuple):
+    """--folds: what data.py's build_labeled_set(args) returns: every labeled sample as one dataset (described from
+    all of them: class names, a vocabulary, statistics), the network's outputs, and each sample's id (unique),
+    stratum and group (None: folds are stratified, not grouped)."""
+
+    dataset: object
+    outputs: int
+    ids: list[str]
+    strata: list
+    groups: list | None = None
+
+
+def quantile_bins(values, folds: int) -> list[int]:
+    """Strata of a numeric target: its quantile bins, 10, fewer where the data is small (each at least `folds`)."""
+    values = np.asarray(values, dtype=np.float64)
+    bins = max(1, min(10, len(values) // folds))
+    edges = np.quantile(values, np.linspace(0, 1, bins + 1)[1:-1])
+    return np.searchsorted(edges, values, side="right").tolist()
 
 
 def structure(value) -> str:

@@ -94,6 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
         "it changes after every optimizer step; a resumed run keeps its own W unless this is given",
     )
     parser.add_argument(
+        "--folds",
+        type=number(int, lambda value: value >= 2, "2 or more", "folds"),
+        metavar="K",
+        help="split the labeled data into K folds (OUTPUT_DIR/folds.csv) and train a model per fold in "
+        "OUTPUT_DIR/fold-k/, each with its out-of-fold predictions (oof.csv); then python cv.py OUTPUT_DIR",
+    )
+    parser.add_argument(
+        "--fold",
+        metavar="k|all",
+        help="with --folds: train fold k (0-based; in a SLURM array task, default: its index), or all of them one "
+        "after another (the default), skipping finished ones, then the cross-validation score",
+    )
+    parser.add_argument(
         "--patience",
         type=positive_int,
         metavar="N",
@@ -283,6 +296,7 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     if args.strategy == "sharding":  # the loop's name for it, and the log's
         args.strategy = f"sharding stage {args.sharding_stage}"
     try:
+        workspace.place_fold(args)  # --folds: the fold's own folder
         workspace.resolve_data_paths(args, quiet)
     except PlatformError as error:
         parser.exit(2, f"error: {error}\n")

@@ -49,6 +49,16 @@ class Task:
         """data.build_datasets(args): (train_set, val_set, outputs), the network's outputs (its num_classes)."""
         return self.data.build_datasets(args)
 
+    def labeled_set(self, args):
+        """data.build_labeled_set(args) (--folds): every labeled sample, with its id and stratum (folds.Labeled)."""
+        build = getattr(self.data, "build_labeled_set", None)
+        if build is None:
+            raise UserError(
+                "--folds: data.py has no build_labeled_set(args), which says every labeled sample's id and stratum: "
+                "add it (README: A competition, from folds to a submission)"
+            )
+        return build(args)
+
     def predict_set(self, source, description: dict) -> tuple:
         """data.build_predict_set(): predict.py's inputs and their keys."""
         return self.data.build_predict_set(source, description)
@@ -126,6 +136,10 @@ class Task:
         Sums are added in float64 in batch order, per-sample values concatenated in batch
         order: the same numbers on every rank, and for 1, 2 or 3 processes.
         """
+        return self.metrics_of(*self.combined(contributions), count)
+
+    def combined(self, contributions: list) -> tuple[dict, dict]:
+        """(sums, per-sample values) of every rank's (batch number, sums, per-sample values), in batch order."""
         sums: dict = {}
         per_sample: dict = {}
         for _, batch_sums, batch_values in sorted(contributions, key=lambda contribution: contribution[0]):
@@ -133,7 +147,10 @@ class Task:
                 sums[name] = sums[name] + value if name in sums else value
             for name, value in batch_values.items():
                 per_sample.setdefault(name, []).append(value)
-        per_sample = {name: padded(name, values) for name, values in per_sample.items()}
+        return sums, {name: padded(name, values) for name, values in per_sample.items()}
+
+    def metrics_of(self, sums: dict, per_sample: dict, count: int) -> dict:
+        """task.metrics() of combined sums and per-sample values (of one validation, or of every fold's, pooled)."""
         with calling("metrics", {"sums": sums, "per_sample": per_sample}):
             results = self.task.metrics(sums, per_sample, count)
         return self._checked_metrics(results)
@@ -160,6 +177,11 @@ class Task:
         """task.predict_step(): one row per input of the batch."""
         with calling("predict_step", batch):
             return list(self.task.predict_step(model, batch))
+
+    def validation_rows(self, model, batch) -> list:
+        """predict_step() on a validation batch's inputs (out-of-fold predictions): a batch (inputs, targets) gives
+        its first part; any other (a dict of named parts) is given whole."""
+        return self.predict_rows(model, batch[0] if isinstance(batch, (tuple, list)) else batch)
 
     def write_predictions(self, output, keys: list, rows: list, description: dict, options) -> str:
         return self.task.write_predictions(output, keys, rows, description, options)

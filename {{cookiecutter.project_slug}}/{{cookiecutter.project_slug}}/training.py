@@ -3,7 +3,7 @@
 import time
 from pathlib import Path
 
-from . import archive, cli, distributed, engine, folder_lock, loaders, logs, preemption, seam, tracking
+from . import archive, cli, distributed, engine, folder_lock, folds, loaders, logs, preemption, seam, tracking
 from .checkpoint import Checkpointer
 from .errors import UserError, explain_user_errors
 from .logs import LoaderWatch
@@ -14,18 +14,29 @@ def train(args) -> None:
     stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
     engine.configure_kernels(args.deterministic)  # before CUDA starts
     env = distributed.setup(args.device, args.dist_timeout)
+    try:
+        task = seam.Task()  # the three files a user owns, the one way to them; BEST_METRIC checked before any work
+        if args.fold == "all":  # --folds K: every fold not finished yet, one after another, then the CV score
+            folds.train_each(args, env, task, lambda fold_args: train_one(fold_args, env, stop, task))
+        else:
+            train_one(args, env, stop, task)
+    finally:
+        distributed.cleanup()
+
+
+def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
+    """One model: the run of args.output_dir (with --folds: a fold's)."""
     lock = None
     try:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
-        task = seam.Task()  # the three files a user owns, the one way to them; BEST_METRIC checked before any work
         options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
         )  # fmt: skip
         distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
-        train_set, val_set, outputs = task.datasets(args)
+        train_set, val_set, outputs = folds.datasets(task, args, env.is_main)  # (a fold's, with --folds)
         train_loader, val_loader = loaders.build_loaders(
             train_set, val_set, args.batch_size, args.workers, args.seed, env
         )
@@ -97,6 +108,7 @@ def train(args) -> None:
                     checkpoints.end_epoch(epoch, val_stats, args.min_delta)
                     stop.after_epoch(env, epoch, args.epochs)
             checkpoints.wait_for_save()
+            folds.predict_out_of_fold(args, checkpoints, model, val_loader, val_set, env, task, amp_dtype)
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
             checkpoints.wait_for_save()
@@ -109,7 +121,6 @@ def train(args) -> None:
         distributed.barrier()
     finally:
         folder_lock.release(lock)
-        distributed.cleanup()
 
 
 def _evaluate(model, val_loader, env, task: seam.Task, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:

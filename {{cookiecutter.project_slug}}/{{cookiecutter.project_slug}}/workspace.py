@@ -15,6 +15,7 @@ SAMPLE_DATA_DIR = PROJECT_ROOT / "data" / SAMPLE
 SAMPLE_ARCHIVE = PROJECT_ROOT / "data" / f"{SAMPLE}.zip"  # in dataset=zip projects; extracted when first read
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 AISTUDIO_WORKSPACE = Path("/root/paddlejob/workspace")  # PADDLEJOB_WORKSPACE names another (tests)
+ARRAY_TASK = "SLURM_ARRAY_TASK_ID"  # sbatch --array: the index of each array task
 
 
 def aistudio_workspace(env: Mapping[str, str] = os.environ) -> Path | None:
@@ -32,6 +33,27 @@ def output_dir(given: str | None, train_url: str | None, env: Mapping[str, str] 
         return train_url
     workspace = aistudio_workspace(env)
     return str(workspace / "output" if workspace else PROJECT_ROOT / "output")
+
+
+def place_fold(args, env: Mapping[str, str] = os.environ) -> None:
+    """Where a run of --folds K trains: --fold k (or a SLURM array task's index, sbatch --array=0-<K-1>) in
+    DIR/fold-k/, its own folder (lock, launcher logs, checkpoints); --fold all (the default) in DIR, fold after
+    fold. DIR, the --output-dir given, holds folds.csv, oof.csv and cv.json (args.folds_dir)."""
+    args.folds_dir = None
+    if args.folds is None:
+        if args.fold is not None:
+            raise PlatformError("--fold needs --folds K: the number of folds the data is split into")
+        return
+    fold = args.fold if args.fold is not None else env.get(ARRAY_TASK, "all")
+    if fold != "all" and not (fold.isdigit() and int(fold) < args.folds):
+        raise PlatformError(f"--fold {fold}: give all, or a fold from 0 to {args.folds - 1} (--folds {args.folds})")
+    args.fold, args.folds_dir = fold if fold == "all" else int(fold), args.output_dir
+    if args.fold != "all":
+        args.output_dir = fold_dir(args.folds_dir, args.fold)
+
+
+def fold_dir(directory: str | Path, fold: int) -> str:
+    return str(Path(directory) / f"fold-{fold}")
 
 
 def in_workspace(path: str | None, env: Mapping[str, str] = os.environ) -> str | None:

@@ -66,6 +66,10 @@ class Checkpointer(CheckpointerBase):
     def _every_rank_writes(self) -> bool:
         return self._sharded
 
+    def load_best(self) -> None:
+        """The best epoch's model back (last's where no epoch was best): a fold's out-of-fold predictions."""
+        self._read(str(newest(self.directory, BEST) or self.last_path))
+
     @property
     def last_path(self) -> Path:
         return self.directory / (_FOLDERS[LAST] if self._sharded else LAST)

@@ -132,26 +132,35 @@ def collective_timeouts(where: str | Callable[[], str], env: DistEnv):
         raise roll_call.explained(place, limit, remedy, env.rank, env.world_size, add) from None
 
 
+def evaluate(model, loader: DataLoader, env: DistEnv, task: Task, amp_dtype: str | None = None) -> dict:
+    """task.metrics() over the whole validation set, and its size ("samples")."""
+    size = loader.batch_sampler.dataset_size
+    return {**task.metrics(_validated(model, loader, env, task, amp_dtype), size), "samples": size}
+
+
+def out_of_fold(model, loader: DataLoader, env: DistEnv, task: Task, amp_dtype: str | None = None) -> list:
+    """Every validation batch's (number, sums, per-sample values, predict_step()'s rows), from every rank: a
+    fold's out-of-fold predictions and what cv.py pools."""
+    return _validated(model, loader, env, task, amp_dtype, rows=True)
+
+
 @out_of_memory_is_a_user_error(MemoryError)
 @paddle.no_grad()
-def evaluate(model, loader: DataLoader, env: DistEnv, task: Task, amp_dtype: str | None = None) -> dict:
-    """task.metrics() over the whole validation set, and its size ("samples"), in the training's precision.
-
-    The loader deals whole batches to the ranks (loaders.DealtBatches): each batch is the same
-    whatever the number of processes, each sample counted once.
-    """
+def _validated(model, loader: DataLoader, env: DistEnv, task: Task, amp_dtype: str | None, rows: bool = False) -> list:
+    """Every validation batch's (number, sums, per-sample values[, rows]), from every rank, in the training's
+    precision. The loader deals whole batches to the ranks (loaders.DealtBatches): each batch is the same
+    whatever the number of processes, each sample counted once."""
     # The unwrapped model: ranks run different numbers of batches, and only training needs the wrapper.
     model = distributed.unwrap(model)
     _rank_0s_buffers(model, env)
     model.eval()
     dealt = loader.batch_sampler
     mine = [
-        _contribution(model, batch, number, dealt, env, task, amp_dtype)
+        _contribution(model, batch, number, dealt, env, task, amp_dtype, rows)
         for number, batch in zip(dealt.numbers, loader, strict=True)
     ]
     # One collective after the loop (ranks have different numbers of batches): every rank gets every batch's part.
-    everyone = [part for rank in distributed.all_gather_object(mine) for part in rank]
-    return {**task.metrics(everyone, dealt.dataset_size), "samples": dealt.dataset_size}
+    return [part for rank in distributed.all_gather_object(mine) for part in rank]
 
 
 @out_of_memory_is_a_user_error(MemoryError)
@@ -186,12 +195,16 @@ def _rank_0s_buffers(model, env: DistEnv) -> None:
             dist.broadcast(tensor, src=0)
 
 
-def _contribution(model, batch, number: int, dealt, env: DistEnv, task: Task, amp_dtype: str | None) -> tuple:
-    """Batch `number`'s (number, sums, per-sample values) from task.validation_step(), in numpy."""
+def _contribution(
+    model, batch, number: int, dealt, env: DistEnv, task: Task, amp_dtype: str | None, rows: bool = False
+) -> tuple:
+    """Batch `number`'s (number, sums, per-sample values) from task.validation_step(), in numpy; and its rows of
+    predict_step() where asked for."""
     sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
     batch = loaders.to_device(batch, env.device)
     with _autocast(amp_dtype):
-        return number, *task.validation_step(model, batch, dealt.size_of(number), _numpy)
+        sums, per_sample = task.validation_step(model, batch, dealt.size_of(number), _numpy)
+        return (number, sums, per_sample, task.validation_rows(model, batch)) if rows else (number, sums, per_sample)
 
 
 def _numpy(value) -> np.ndarray:

@@ -68,6 +68,10 @@ class Checkpointer(CheckpointerBase):
     def _saves_in_background(self) -> bool:
         return self._sharded
 
+    def load_best(self) -> None:
+        """The best epoch's model back (last's where no epoch was best): a fold's out-of-fold predictions."""
+        self._read(str(newest(self.directory, BEST) or self.last_path))
+
     @property
     def last_path(self) -> Path:
         return self.directory / (_SHARDED[LAST] if self._sharded else LAST)

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .batches import Labeled
 from .images import (
     VAL_FRACTION,
     Arrays,
     ImageFiles,
     describe,
     image_splits,
+    labelled_images,
     load_image,
     option,
     predict_images,
@@ -97,6 +99,22 @@ def build_datasets(args) -> tuple[ImageDataset | Arrays, ImageDataset | Arrays, 
     train = ImageDataset(splits.train, splits.classes, size, channels)
     val = ImageDataset(splits.val, splits.classes, size, channels)
     return train, val, len(splits.classes)
+
+
+def build_labeled_set(args) -> Labeled:
+    """--folds: every labelled image (train/ and val/ together) as one set, described from all of them; each
+    image's id (its path under the data folder) and stratum (its class)."""
+    size, channels = option(args, "image_size", IMAGE_SIZE), option(args, "channels", CHANNELS)
+    if args.synthetic:
+        images, labels = synthetic_images(SYNTHETIC_TRAIN + SYNTHETIC_VAL, SYNTHETIC_CLASSES, size, args.seed, channels)
+        classes = [str(label) for label in range(SYNTHETIC_CLASSES)]
+        ids = [f"synthetic:{index}" for index in range(len(labels))]
+        return Labeled(
+            describe(Arrays(images, labels), classes, size, channels), SYNTHETIC_CLASSES, ids, labels.tolist()
+        )
+    samples, classes, _, root = labelled_images(args.data_dir, option(args, "labels_csv", None))
+    ids = [path.relative_to(root).as_posix() for path, _ in samples]
+    return Labeled(ImageDataset(samples, classes, size, channels), len(classes), ids, [label for _, label in samples])
 
 
 def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list[str]]:

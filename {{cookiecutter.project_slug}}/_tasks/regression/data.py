@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import archive
+from .batches import Labeled, quantile_bins
 from .errors import UserError
 
 # run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
@@ -32,6 +33,11 @@ OPTIONS = {
         "default": 0.1,
         "help": "without val.csv: the part of train.csv's rows held out for validation, the same on every rank "
         "and run for a given --seed",
+    },
+    "--group-column": {
+        "metavar": "NAME",
+        "help": "with --folds: the CSV column whose equal values form a group (a patient, a site), never split "
+        "across folds (not a feature then)",
     },
 }
 # predict.py's options that task.py's write_predictions() reads.
@@ -82,6 +88,45 @@ def build_datasets(args) -> tuple[Table, Table, int]:
         Table(standardised(val[:, :-1], description), val[:, -1], description),
         1,
     )
+
+
+def build_labeled_set(args) -> Labeled:
+    """--folds: train.csv's rows and val.csv's together, described from all of them; each row's id (the id
+    column, else train.csv:<row>, 1 for the first row after the header), stratum (the target's quantile bin) and
+    group (--group-column's value)."""
+    if args.synthetic:
+        names, train, val = synthetic_table(args.seed)
+        table, ids, groups = (
+            np.concatenate([train, val]),
+            [f"synthetic:{n}" for n in range(len(train) + len(val))],
+            None,
+        )
+    else:
+        root = archive.dataset_root(args.data_dir, TRAIN)
+        names, table, ids, groups = read_labeled(root, args.target, getattr(args, "group_column", None))
+    description = describe(names, args.target, table)
+    dataset = Table(standardised(table[:, :-1], description), table[:, -1], description)
+    return Labeled(dataset, 1, ids, quantile_bins(table[:, -1], args.folds), groups)
+
+
+def read_labeled(root: Path, target: str, group: str | None) -> tuple[list[str], np.ndarray, list[str], list | None]:
+    """The feature names, train.csv's and val.csv's rows (features, then the target), their ids and groups."""
+    names, table, ids, groups = None, [], [], []
+    for path in (root / TRAIN, root / VAL):
+        if not path.is_file():
+            continue
+        header, rows = read_csv(path)
+        if group and group not in header:
+            raise UserError(f"{path} has no column {group!r} (its columns: {', '.join(header)}): --group-column NAME")
+        names = names or [name for name in header if name not in (ID, target, group)]
+        table.append(numbers(path, header, rows, [*names, target]))
+        ids += [
+            row[header.index(ID)].strip() if ID in header else f"{path.name}:{n}" for n, (_, row) in enumerate(rows, 1)
+        ]
+        groups += [row[header.index(group)].strip() for _, row in rows] if group else []
+    if names is None:
+        raise UserError(f"{root / TRAIN} not found: --data-dir needs train.csv (and val.csv if you have one)")
+    return names, np.concatenate(table), ids, groups or None
 
 
 def read_splits(root: Path, target: str, val_fraction: float, seed: int) -> tuple[list[str], np.ndarray, np.ndarray]:

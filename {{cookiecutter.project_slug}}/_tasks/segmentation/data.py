@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from .archive import dataset_root
-from .batches import split_by_label
+from .batches import Labeled, split_by_label
 from .errors import UserError
 from .images import (
     IMAGE_EXTENSIONS,
@@ -113,14 +113,38 @@ def describe(dataset, num_classes: int, image_size: int, channels: int):
     return dataset
 
 
-def mask_splits(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
-    """The (image, mask) pairs for training and for validation: val/ if there is one, else a held-out part."""
+def build_labeled_set(args) -> Labeled:
+    """--folds: the images of images/ and val/images/ together, with their masks; each image's id (its path under
+    the data folder) and stratum (the classes its mask holds)."""
+    size, channels = option(args, "image_size", IMAGE_SIZE), option(args, "channels", CHANNELS)
+    if args.synthetic:
+        images, masks = synthetic_masks(SYNTHETIC_TRAIN + SYNTHETIC_VAL, size, args.seed, channels)
+        dataset = describe(Arrays(images, masks), SYNTHETIC_CLASSES, size, channels)
+        strata = [str(np.unique(mask).tolist()) for mask in masks]
+        return Labeled(dataset, SYNTHETIC_CLASSES, [f"synthetic:{n}" for n in range(len(masks))], strata)
+    root = mask_root(args.data_dir)
+    pairs = find_pairs(root / "images", root / "masks")
+    if (root / "val" / "images").is_dir():
+        pairs += find_pairs(root / "val" / "images", root / "val" / "masks")
+    num_classes = count_classes(pairs, [], option(args, "num_classes", None))
+    dataset = describe(SegmentationDataset(pairs, size, channels), num_classes, size, channels)
+    ids = [image.relative_to(root).as_posix() for image, _ in pairs]
+    return Labeled(dataset, num_classes, ids, [str(np.unique(read_mask(mask)).tolist()) for _, mask in pairs])
+
+
+def mask_root(data_dir: str | Path) -> Path:
     root = dataset_root(data_dir, "images")
     if not (root / "images").is_dir():
         raise UserError(
             f"data folder {root / 'images'} not found: --data-dir needs images/ and masks/ inside (and val/images/, "
             "val/masks/ for validation), or one folder holding them"
         )
+    return root
+
+
+def mask_splits(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
+    """The (image, mask) pairs for training and for validation: val/ if there is one, else a held-out part."""
+    root = mask_root(data_dir)
     train = find_pairs(root / "images", root / "masks")
     if (root / "val" / "images").is_dir():
         return train, find_pairs(root / "val" / "images", root / "val" / "masks")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .archive import dataset_root, is_junk
-from .batches import split_by_label
+from .batches import Labeled, split_by_label
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,11 @@ OPTIONS = {
         "default": 0.1,
         "help": "without val.csv: the part of each class of train.csv held out for validation, the same on every "
         "rank and run for a given --seed",
+    },
+    "--group-column": {
+        "metavar": "NAME",
+        "help": "with --folds: the CSV column whose equal values form a group (an author, a source), never split "
+        "across folds",
     },
 }
 # predict.py's options that task.py's write_predictions() reads.
@@ -146,6 +151,35 @@ def build_datasets(args) -> tuple[TextDataset, TextDataset, int]:
     description = describe(classes, build_vocabulary(texts))
     train = TextDataset(encode(texts, description), labels, description)
     return train, TextDataset(encode(val_texts, description), val_labels, description), len(classes)
+
+
+def build_labeled_set(args) -> Labeled:
+    """--folds: train.csv's texts and val.csv's together, the classes and vocabulary from all of them; each text's
+    id (the id column, else train.csv:<row>, 1 for the first row after the header), stratum (its class) and group
+    (--group-column's value)."""
+    if args.synthetic:
+        train, val, outputs = synthetic_datasets(args.seed)
+        dataset = TextDataset(train.token_ids + val.token_ids, train.labels + val.labels, train.description)
+        return Labeled(dataset, outputs, [f"synthetic:{n}" for n in range(len(dataset))], dataset.labels)
+    root = dataset_root(args.data_dir, "train.csv")
+    if not (root / "train.csv").is_file():
+        raise UserError(f"{root / 'train.csv'} not found: --data-dir needs train.csv (columns text and label)")
+    group = getattr(args, "group_column", None)
+    texts, names, ids, groups = [], [], [], []
+    for path in (root / "train.csv", root / "val.csv"):
+        rows = read_rows(path, ("text", "label", *([group] if group else []))) if path.is_file() else []
+        for number, (line, row) in enumerate(rows, 1):
+            names.append((row["label"] or "").strip())
+            if not names[-1]:
+                raise UserError(f"{path} line {line}: no label: give every text its class name, or remove the row")
+            texts.append(row["text"] or "")
+            ids.append((row.get("id") or "").strip() or f"{path.name}:{number}")
+            groups += [(row[group] or "").strip()] if group else []
+    classes = sorted(set(names))
+    labels = [classes.index(name) for name in names]
+    description = describe(classes, build_vocabulary(texts))
+    dataset = TextDataset(encode(texts, description), labels, description)
+    return Labeled(dataset, len(classes), ids, labels, groups or None)
 
 
 def read_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = True) -> list[tuple[int, dict]]:

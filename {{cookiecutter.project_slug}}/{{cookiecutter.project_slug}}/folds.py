@@ -1,0 +1,245 @@
+"""--folds K: the labeled data split into K folds once (DIR/folds.csv), a run per fold in DIR/fold-k/, each finished
+fold's out-of-fold predictions (oof.csv) and validation contributions, and the cross-validation score over them all
+(cv.py, and the end of --fold all).
+
+Folds are stratified by what data.py's build_labeled_set() gives as each sample's stratum (a class, a bin of the
+target, the set of classes in a mask), or grouped (a group never in two folds); fold sizes differ by at most one
+sample per stratum. The ids of folds.csv are data.py's: a CSV's id column, else its file and row, an image's path.
+"""
+
+import argparse
+import csv
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import distributed, engine, logs
+from .batches import Labeled
+from .errors import UserError
+from .seam import Task, padded
+from .workspace import fold_dir
+
+log = logging.getLogger(__package__)
+
+FOLDS_CSV, OOF, CONTRIBUTIONS, CV = "folds.csv", "oof.csv", "oof-contributions.npz", "cv.json"
+
+
+class Part:
+    """The samples of `dataset` at `indices` (their `ids`): a fold's training or validation set."""
+
+    def __init__(self, dataset, indices: list[int], ids: list[str]):
+        self.dataset, self.indices, self.ids = dataset, indices, ids
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int):
+        return self.dataset[self.indices[index]]
+
+    def __getattr__(self, name: str):  # the dataset's description and collate
+        if name == "dataset":  # (not set yet, in a copy being made)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def datasets(task: Task, args: argparse.Namespace, is_main: bool) -> tuple:
+    """(train_set, val_set, outputs): data.py's, or with --folds fold args.fold's of build_labeled_set()'s."""
+    if args.folds is None:
+        return task.datasets(args)
+    labeled = task.labeled_set(args)
+    return (*split(labeled, args, is_main), labeled.outputs)
+
+
+def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
+    """--fold all: train_one(its args) for each fold not finished yet (a finished one is said and skipped), then
+    the cross-validation score (rank 0); the job's log in DIR/train.log, each fold's in its own folder."""
+    log = logs.setup_logging(args.folds_dir, env.rank)
+    for fold in range(args.folds):
+        if finished(args.folds_dir, fold):
+            log.info(
+                "fold %d of %d is finished (%s): skipped", fold, args.folds, Path(fold_dir(args.folds_dir, fold), OOF)
+            )
+        else:
+            train_one(argparse.Namespace(**{**vars(args), "fold": fold, "output_dir": fold_dir(args.folds_dir, fold)}))
+            log = logs.setup_logging(args.folds_dir, env.rank)
+    if env.is_main:
+        log.info(cross_validate(args.folds_dir, task))
+    distributed.barrier()
+
+
+def finished(directory: str | Path, fold: int) -> bool:
+    return (Path(fold_dir(directory, fold)) / CONTRIBUTIONS).is_file() and (
+        Path(fold_dir(directory, fold)) / OOF
+    ).is_file()
+
+
+def assign(strata: list, groups: list | None, folds: int, seed: int) -> list[int]:
+    """Each sample's fold, deterministic for `seed`. Stratified: each stratum's samples, shuffled, dealt to the folds
+    in turn, each stratum starting where the last one stopped (fold sizes differ by at most one per stratum, and
+    overall). Grouped: the groups, largest first (ties in a shuffled order), each to the fold with fewest samples."""
+    rng = np.random.default_rng(seed)
+    fold_of = [0] * len(strata)
+    if groups is None:
+        by_stratum: dict = {}
+        for index, stratum in enumerate(strata):
+            by_stratum.setdefault(str(stratum), []).append(index)
+        turn = 0
+        for stratum in sorted(by_stratum):
+            for index in rng.permutation(by_stratum[stratum]):
+                fold_of[int(index)], turn = turn % folds, turn + 1
+        return fold_of
+    by_group: dict = {}
+    for index, group in enumerate(groups):
+        by_group.setdefault(str(group), []).append(index)
+    if len(by_group) < folds:
+        raise UserError(f"--folds {folds}: the data has only {len(by_group)} groups: give at most that many folds")
+    names = sorted(by_group)
+    order = sorted(rng.permutation(len(names)), key=lambda position: -len(by_group[names[position]]))
+    sizes = [0] * folds
+    for position in order:
+        fold = sizes.index(min(sizes))
+        for index in by_group[names[position]]:
+            fold_of[index] = fold
+        sizes[fold] += len(by_group[names[position]])
+    return fold_of
+
+
+def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Part, Part]:
+    """Fold args.fold's training set (the other folds) and validation set (its own), by DIR/folds.csv: written by
+    the first run (atomically), read by every later one, which stops in one line where the data has changed."""
+    ids = [str(sample_id) for sample_id in labeled.ids]
+    if len(set(ids)) != len(ids):
+        twice = next(sample_id for sample_id in ids if ids.count(sample_id) > 1)
+        raise UserError(f"--folds: data.py's build_labeled_set() gives the id {twice!r} to more than one sample")
+    path = Path(args.folds_dir) / FOLDS_CSV
+    if path.is_file():
+        fold_of = read_folds(path, ids, args.folds)
+    else:
+        fold_of = assign(labeled.strata, labeled.groups, args.folds, args.seed)
+        if is_main:
+            write_folds(path, ids, fold_of)
+    val = [index for index, fold in enumerate(fold_of) if fold == args.fold]
+    train = [index for index, fold in enumerate(fold_of) if fold != args.fold]
+    log.info("fold %d of %d: %d samples to train on, %d to validate on (%s)", args.fold, args.folds, len(train),
+             len(val), path)  # fmt: skip
+    return Part(labeled.dataset, train, [ids[i] for i in train]), Part(labeled.dataset, val, [ids[i] for i in val])
+
+
+def write_folds(path: Path, ids: list[str], fold_of: list[int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (array tasks may write it at once: the same)
+    with open(temporary, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file, lineterminator="\n")
+        writer.writerow(["id", "fold"])
+        writer.writerows(zip(ids, fold_of, strict=True))
+    os.replace(temporary, path)
+
+
+def read_folds(path: Path, ids: list[str], folds: int) -> list[int]:
+    with open(path, newline="", encoding="utf-8") as file:
+        saved = {row["id"]: int(row["fold"]) for row in csv.DictReader(file)}
+    if set(saved) != set(ids):
+        changed = len(set(saved) ^ set(ids))
+        raise UserError(
+            f"{path} was written for other data ({changed} ids differ from the data's now): train the changed data "
+            "in a new --output-dir, or delete folds.csv and every fold-*/ there to start the folds again"
+        )
+    if max(saved.values()) + 1 != folds:
+        raise UserError(f"{path} splits the data into {max(saved.values()) + 1} folds, not --folds {folds}")
+    return [saved[sample_id] for sample_id in ids]
+
+
+def predict_out_of_fold(args, checkpoints, model, val_loader, val_set: Part, env, task: Task, amp_dtype) -> None:
+    """A finished fold (its last epoch, or an early stop): its best checkpoint's out-of-fold predictions and
+    validation contributions, through the gathered validation (each sample once, on any number of processes)."""
+    if args.folds is None or finished(args.folds_dir, args.fold):
+        return
+    checkpoints.load_best()
+    parts = engine.out_of_fold(model, val_loader, env, task, amp_dtype)
+    if env.is_main:
+        write_out_of_fold(Path(args.output_dir), args.fold, val_set, parts, task, checkpoints.data)
+
+
+def write_out_of_fold(directory: Path, fold: int, val_set: Part, parts: list, task: Task, description: dict) -> None:
+    """Rank 0: the best checkpoint's predictions on its own fold, in the task's prediction form with a last column
+    `fold` (oof.csv), and its validation contributions by id (for cv.py). `parts`: every validation batch's
+    (number, sums, per-sample values, rows), from every rank."""
+    parts = sorted(parts, key=lambda part: part[0])
+    sums, per_sample = task.combined([part[:3] for part in parts])
+    keys = val_set.ids
+    arrays = {f"sums/{name}": value for name, value in sums.items()}
+    arrays |= {f"per_sample/{name}": value for name, value in per_sample.items()}
+    temporary = directory / f".{CONTRIBUTIONS}.tmp.npz"
+    np.savez(temporary, ids=np.asarray(keys), **arrays)
+    os.replace(temporary, directory / CONTRIBUTIONS)
+    rows = [row for part in parts for row in part[3]]
+    written = Path(
+        task.write_predictions(str(directory / f".{OOF}.tmp.csv"), keys, rows, description, argparse.Namespace())
+    )
+    with open(written, newline="", encoding="utf-8") as file:
+        table = list(csv.reader(file))
+    with open(written, "w", newline="", encoding="utf-8") as file:
+        csv.writer(file, lineterminator="\n").writerows([[*table[0], "fold"], *([*row, fold] for row in table[1:])])
+    os.replace(written, directory / OOF)
+    log.info("out-of-fold predictions of fold %d: %s", fold, directory / OOF)
+
+
+def cross_validate(directory: str | Path, task: Task) -> str:
+    """DIR/oof.csv (every fold's rows) and DIR/cv.json: each of the task's metrics over every fold's contributions
+    pooled (oof_<name>: as one validation over all the labeled data), each fold's own, their mean and standard
+    deviation; returns the cv: line. A fold not finished is one line naming it."""
+    directory = Path(directory)
+    folds_csv = directory / FOLDS_CSV
+    if not folds_csv.is_file():
+        raise UserError(f"{folds_csv} not found: give cv.py the --output-dir of a run of --folds K")
+    with open(folds_csv, newline="", encoding="utf-8") as file:
+        order = {row["id"]: position for position, row in enumerate(csv.DictReader(file))}
+        count = max(order.values()) + 1 if order else 0
+    with open(folds_csv, newline="", encoding="utf-8") as file:
+        folds = max(int(row["fold"]) for row in csv.DictReader(file)) + 1
+    missing = [fold for fold in range(folds) if not finished(directory, fold)]
+    if missing:
+        raise UserError(
+            f"fold {missing[0]} of {folds} is not finished (no {Path(fold_dir(directory, missing[0]), OOF)}): train it "
+            f"with --folds {folds} --fold {missing[0]} (or --fold all)"
+        )
+    per_fold, sums, per_sample, ids = [], {}, {}, []
+    for fold in range(folds):
+        saved = np.load(Path(fold_dir(directory, fold)) / CONTRIBUTIONS)
+        fold_sums = {key.split("/", 1)[1]: saved[key] for key in saved.files if key.startswith("sums/")}
+        fold_values = {key.split("/", 1)[1]: saved[key] for key in saved.files if key.startswith("per_sample/")}
+        per_fold.append(task.metrics_of(fold_sums, fold_values, len(saved["ids"])))
+        for name, value in fold_sums.items():
+            sums[name] = sums[name] + value if name in sums else value
+        for name, value in fold_values.items():
+            per_sample.setdefault(name, []).append(value)
+        ids.extend(saved["ids"].tolist())
+    in_id_order = np.argsort([order[sample_id] for sample_id in ids], kind="stable")
+    pooled = {name: padded(name, values)[in_id_order] for name, values in per_sample.items()}
+    results = {f"oof_{name}": value for name, value in task.metrics_of(sums, pooled, count).items()}
+    best = task.best_metric
+    values = [metrics[best] for metrics in per_fold]
+    mean, std = float(np.mean(values)), float(np.std(values))
+    results |= {"folds": folds, f"fold_{best}": values, f"fold_{best}_mean": mean, f"fold_{best}_std": std}
+    _write_pooled_rows(directory, folds)
+    temporary = directory / f".{CV}.tmp"
+    temporary.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, directory / CV)
+    oof = results[f"oof_{best}"]
+    return f"cv: oof_{best} {oof:.4f}; folds {mean:.4f} +- {std:.4f} ({folds} folds)"
+
+
+def _write_pooled_rows(directory: Path, folds: int) -> None:
+    rows, header = [], None
+    for fold in range(folds):
+        with open(Path(fold_dir(directory, fold)) / OOF, newline="", encoding="utf-8") as file:
+            table = list(csv.reader(file))
+        header = header or table[0]
+        rows.extend(table[1:])
+    temporary = directory / f".{OOF}.tmp"
+    with open(temporary, "w", newline="", encoding="utf-8") as file:
+        csv.writer(file, lineterminator="\n").writerows([header, *rows])
+    os.replace(temporary, directory / OOF)
