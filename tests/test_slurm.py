@@ -8,12 +8,13 @@ sleeps through its steps and runs the longest: it goes next.
 
 import json
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, RECOMMENDED_CASES, tool_env
+from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, RECOMMENDED_CASES, run, tool_env
 
 # One SLURM cluster a session, so all of its tests run in the same test process.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -23,6 +24,7 @@ TRAIN_SIZE, VAL_SIZE = 1437, 360  # the sample digits archive
 ARGS = ["--epochs", "2", "--log-every", "1"]
 # A folder of the check's own: the training job of the same project writes output/ meanwhile.
 CHECK_ARGS = ("--check", "--output-dir", "check-output")
+FOLDS_OUTPUT = "folds-output"
 TIME_LIMIT_EPOCHS = 9  # 23 steps of 0.6 s each: 124 s of training at least, more than a first run before its warning
 SLOW_STEPS = """
 
@@ -159,6 +161,13 @@ def jobs(cluster, cookies_session, recommended, checks) -> dict:  # checks: subm
         ("--epochs", str(TIME_LIMIT_EPOCHS), "--log-every", "5"),
         nproc=1,
     ).submit(cluster)
+    # A fold in each array task, on a machine each, in a folder of their own (the cancel test trains in output/).
+    submitted["folds"] = Job(
+        recommended[case_id(RECOMMENDED_CASES[0])],
+        ("--array=0-1", "--nodes=1", "--output=slurm-%A_%a.out"),
+        ("--folds", "2", "--epochs", "1", "--output-dir", FOLDS_OUTPUT),
+        nproc=2,
+    ).submit(cluster)
     for answers in RECOMMENDED_CASES:
         job = Job(recommended[case_id(answers)], ("--nodes=2",), tuple(ARGS), nproc=2).submit(cluster)
         # Each job is cancelled as soon as it is part-way through, whichever test runs meanwhile.
@@ -222,6 +231,22 @@ def test_sbatch_on_two_machines_trains_one_job_of_four_processes(cluster, jobs, 
         assert f"strategy {sharding(answers)[1]}" in job.log(), job.log()
         checkpoints = job.output / "checkpoints"
         assert (checkpoints / "last").is_dir() and not list(checkpoints.glob("last.*")), list(checkpoints.iterdir())
+
+
+def test_an_array_job_trains_the_fold_of_each_task_and_cv_py_scores_the_folds(cluster, jobs):
+    job = jobs["folds"]
+
+    for task in (0, 1):
+        array_task = Job(job.project, job.options, job.args, job.nproc, id=f"{job.id}_{task}")
+        record = ended(cluster, array_task)
+        log = (job.project / f"slurm-{job.id}_{task}.out").read_text(encoding="utf-8", errors="replace")
+        assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), f"{record}\n{log}"
+        fold = job.project / FOLDS_OUTPUT / f"fold-{task}"
+        assert f"fold {task} of 2" in (fold / "train.log").read_text(encoding="utf-8")
+        assert (fold / "oof.csv").is_file() and len(read_metrics(fold)) == 1
+
+    scored = run([sys.executable, "cv.py", FOLDS_OUTPUT], job.project)
+    assert scored.returncode == 0 and re.fullmatch(r"cv: oof_acc \S+; folds \S+ \+- \S+ \(2 folds\)\n", scored.stdout)
 
 
 def test_a_job_that_reaches_its_time_limit_saves_requeues_itself_and_trains_every_epoch_once(cluster, jobs):

@@ -1,7 +1,11 @@
 """Shared fixtures of the project's tests, and the GPU tier's one condition."""
 
 import math
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +73,36 @@ def pytest_collection_modifyitems(config, items):
 def project_root() -> Path:
     """The baked project's folder, holding run.py and run.sh."""
     return ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_sh(project_root: Path, output: Path, *args: str) -> str:
+    """`NPROC_PER_NODE=2 bash run.sh --device cpu --output-dir OUTPUT ARGS` (on the sample, extracted beside OUTPUT
+    in a dataset=zip project), which must succeed; its console output."""
+    from {{ cookiecutter.project_slug }} import settings, workspace
+
+    command = ["bash", "run.sh", "--device", "cpu", "--output-dir", str(output), *args]
+    if settings.DATASET == "zip":
+        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
+    env.update(NPROC_PER_NODE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def three_folds(tmp_path_factory, project_root) -> tuple[Path, str]:
+    """`NPROC_PER_NODE=2 bash run.sh --folds 3 --epochs 2` (every fold, then the CV score): its output folder and
+    console output."""
+    output = tmp_path_factory.mktemp("folds") / "output"
+    return output, run_sh(project_root, output, "--folds", "3", "--epochs", "2")
 
 
 def default_data_sizes(folder: Path) -> tuple[int, int]:

@@ -1,18 +1,19 @@
-"""A competition's runs: early stopping (--patience, --min-delta) and the K best checkpoints (--keep-best)."""
+"""A competition's runs: folds with out-of-fold predictions and the CV score (--folds, --fold, cv.py), early stopping
+(--patience, --min-delta) and the K best checkpoints (--keep-best)."""
 
+import argparse
+import collections
+import csv
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import run_sh
 
-from {{ cookiecutter.project_slug }} import save_folders, settings, task, workspace
+from {{ cookiecutter.project_slug }} import batches, cli, folds, save_folders, seam, task, workspace
+from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.state import TrainingState
-
-TIMEOUT_S = 600
 
 
 def keep(directory, epoch: int, value: float, mode: str = "min") -> None:
@@ -61,24 +62,6 @@ def test_an_epoch_counts_as_stale_unless_it_improves_on_the_best_by_more_than_mi
     assert not state.stops_early(3) and state.stops_early(2) and not state.stops_early(None)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_sh(project_root, output, *args: str) -> str:
-    command = ["bash", "run.sh", "--device", "cpu", "--output-dir", str(output), *args]
-    if settings.DATASET == "zip":
-        command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
-    env.update(NPROC_PER_NODE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return (output / "train.log").read_text(encoding="utf-8")
-
-
 @pytest.mark.slow
 def test_patience_stops_every_rank_at_one_epoch_counting_across_a_resume_and_keep_best_lists_the_best(
     project_root, tmp_path
@@ -92,9 +75,9 @@ def test_patience_stops_every_rank_at_one_epoch_counting_across_a_resume_and_kee
     metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [record["epoch"] for record in metrics] == [1, 2, 3]
     assert "stopped early after epoch 3: " in log and "(--patience 2)" in log
-    assert "done: best" in log.splitlines()[-1]
+    assert "done: best" in log.split("stopped early after epoch 3: ")[1]
 
-    rerun = run_sh(project_root, output, "--epochs", "6", *flags)[len(log) :]
+    rerun = run_sh(project_root, output, "--epochs", "6", *flags)
     assert "stopped early after epoch 3" in rerun and "done: best" in rerun
     assert len((output / "metrics.jsonl").read_text().splitlines()) == 3  # nothing trained
 
@@ -106,3 +89,102 @@ def test_patience_stops_every_rank_at_one_epoch_counting_across_a_resume_and_kee
     assert all((checkpoints / entry["path"]).exists() for entry in top)
     first = checkpoints / top[0]["path"]
     assert first.read_bytes() == (checkpoints / f"best{Path(first).suffix}").read_bytes()  # the best is the first
+
+
+def test_stratified_folds_are_the_same_for_a_seed_and_differ_by_at_most_one_sample_per_stratum():
+    strata = ["a"] * 10 + ["b"] * 7 + ["c"] * 2
+
+    fold_of = folds.assign(strata, None, 3, seed=5)
+
+    assert fold_of == folds.assign(strata, None, 3, seed=5) != folds.assign(strata, None, 3, seed=6)
+    for stratum in "abc":
+        sizes = collections.Counter(fold for fold, s in zip(fold_of, strata, strict=True) if s == stratum)
+        assert max(sizes.values()) - min(sizes.get(fold, 0) for fold in range(3)) <= 1
+    assert sorted(collections.Counter(fold_of).values()) == [6, 6, 7]
+
+
+def test_grouped_folds_never_put_one_group_in_two_folds():
+    groups = [f"patient-{n % 7}" for n in range(40)]
+
+    fold_of = folds.assign([0] * 40, groups, 3, seed=0)
+
+    assert all(len({f for f, g in zip(fold_of, groups, strict=True) if g == group}) == 1 for group in set(groups))
+    assert set(fold_of) == {0, 1, 2}
+    with pytest.raises(UserError, match="only 7 groups"):
+        folds.assign([0] * 40, groups, 8, seed=0)
+
+
+def test_a_target_falls_into_ten_quantile_bins_or_fewer_where_the_data_is_small():
+    assert len(set(batches.quantile_bins(np.arange(1000.0), 5))) == 10
+    assert len(set(batches.quantile_bins(np.arange(12.0), 5))) == 2  # at least 5 samples a bin
+
+
+def test_a_fold_trains_in_its_own_folder_and_a_slurm_array_task_trains_the_fold_of_its_index(tmp_path):
+    args = argparse.Namespace(output_dir=str(tmp_path), folds=5, fold="2")
+    workspace.place_fold(args)
+    assert (args.fold, args.output_dir, args.folds_dir) == (2, str(tmp_path / "fold-2"), str(tmp_path))
+
+    array_task = argparse.Namespace(output_dir=str(tmp_path), folds=5, fold=None)
+    workspace.place_fold(array_task, env={"SLURM_ARRAY_TASK_ID": "4"})
+    assert array_task.output_dir == str(tmp_path / "fold-4")
+
+    every = argparse.Namespace(output_dir=str(tmp_path), folds=5, fold=None)
+    workspace.place_fold(every, env={})
+    assert (every.fold, every.output_dir) == ("all", str(tmp_path))
+
+
+@pytest.mark.parametrize("argv", [["--fold", "1"], ["--folds", "3", "--fold", "3"], ["--folds", "1"]])
+def test_a_fold_that_cannot_be_is_refused_in_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.parse_args(argv)
+
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_folds_csv_of_other_data_is_refused_in_one_line_naming_what_to_do(tmp_path):
+    folds.write_folds(tmp_path / "folds.csv", ["a", "b", "c"], [0, 1, 0])
+
+    assert folds.read_folds(tmp_path / "folds.csv", ["c", "b", "a"], 2) == [0, 1, 0]
+    with pytest.raises(UserError, match="written for other data .1 ids differ.*new --output-dir"):
+        folds.read_folds(tmp_path / "folds.csv", ["a", "b", "d", "c"], 2)
+
+
+@pytest.mark.slow
+def test_three_folds_hold_every_labeled_sample_once_and_each_is_predicted_out_of_fold_once(three_folds, project_root):
+    output, _ = three_folds
+    assigned = list(csv.DictReader(open(output / "folds.csv", encoding="utf-8")))
+    labeled = seam.Task().labeled_set(cli.parse_args(["--folds", "3", "--data-dir", str(output.parent / "data")]))
+    assert sorted(row["id"] for row in assigned) == sorted(map(str, labeled.ids))
+    sizes = collections.Counter(row["fold"] for row in assigned)
+    assert max(sizes.values()) - min(sizes.values()) <= len(set(map(str, labeled.strata)))
+
+    for fold in range(3):
+        with open(output / f"fold-{fold}" / "oof.csv", encoding="utf-8") as file:
+            rows = list(csv.reader(file))
+        assert rows[0][-1] == "fold" and {row[-1] for row in rows[1:]} == {str(fold)}
+        mine = {row["id"] for row in assigned if row["fold"] == str(fold)}
+        assert {row[0] for row in rows[1:]} == mine  # each sample of the fold, and only those
+    with open(output / "oof.csv", encoding="utf-8") as file:
+        assert {row[0] for row in list(csv.reader(file))[1:]} == {row["id"] for row in assigned}
+
+
+@pytest.mark.slow
+def test_the_cv_score_pools_each_folds_best_validation_and_a_rerun_skips_the_finished_folds(three_folds, project_root):
+    output, console = three_folds
+    cv = json.loads((output / "cv.json").read_text())
+    best, sign = task.BEST_METRIC, 1 if task.BEST_MODE == "max" else -1
+
+    # Each fold's value is its best epoch's, as training validated it: the out-of-fold pass is the same validation.
+    records = [[json.loads(line) for line in (output / f"fold-{k}" / "metrics.jsonl").open()] for k in range(3)]
+    best_epochs = [max(fold, key=lambda record: sign * record[f"val_{best}"]) for fold in records]
+    assert cv[f"fold_{best}"] == pytest.approx([record[f"val_{best}"] for record in best_epochs], rel=1e-9)
+    # The loss is a mean over samples: pooled, it is the folds' losses weighted by their sizes.
+    sizes = [record["val_samples"] for record in best_epochs]
+    pooled_loss = sum(record["val_loss"] * size for record, size in zip(best_epochs, sizes, strict=True)) / sum(sizes)
+    assert cv["oof_loss"] == pytest.approx(pooled_loss, rel=1e-9)
+    assert f"cv: oof_{best} {cv[f'oof_{best}']:.4f}; folds " in console and "(3 folds)" in console
+
+    again = run_sh(project_root, output, "--folds", "3", "--epochs", "2")
+    assert again.count("is finished") == 3 and "epoch 1/2" not in again
+    assert f"cv: oof_{best} {cv[f'oof_{best}']:.4f}" in again

@@ -94,13 +94,15 @@ def split_by_label(labels: list[int], fraction: float, seed: int) -> tuple[list[
 class Labeled(NamedTuple):
     """--folds: what data.py's build_labeled_set(args) returns: every labeled sample as one dataset (described from
     all of them: class names, a vocabulary, statistics), the network's outputs, and each sample's id (unique),
-    stratum and group (None: folds are stratified, not grouped)."""
+    stratum and group (None: folds are stratified, not grouped); and its key for task.write_predictions() where that
+    is not its id (segmentation: the image's id and size)."""
 
     dataset: object
     outputs: int
     ids: list[str]
     strata: list
     groups: list | None = None
+    keys: list | None = None
 
 
 def quantile_bins(values, folds: int) -> list[int]:

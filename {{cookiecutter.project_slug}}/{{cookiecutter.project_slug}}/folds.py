@@ -28,10 +28,11 @@ FOLDS_CSV, OOF, CONTRIBUTIONS, CV = "folds.csv", "oof.csv", "oof-contributions.n
 
 
 class Part:
-    """The samples of `dataset` at `indices` (their `ids`): a fold's training or validation set."""
+    """The samples of `dataset` at `indices`, their ids and their keys for task.write_predictions(): a fold's
+    training or validation set."""
 
-    def __init__(self, dataset, indices: list[int], ids: list[str]):
-        self.dataset, self.indices, self.ids = dataset, indices, ids
+    def __init__(self, dataset, indices: list[int], ids: list[str], keys: list):
+        self.dataset, self.indices, self.ids, self.keys = dataset, indices, ids, keys
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -125,7 +126,8 @@ def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Pa
     train = [index for index, fold in enumerate(fold_of) if fold != args.fold]
     log.info("fold %d of %d: %d samples to train on, %d to validate on (%s)", args.fold, args.folds, len(train),
              len(val), path)  # fmt: skip
-    return Part(labeled.dataset, train, [ids[i] for i in train]), Part(labeled.dataset, val, [ids[i] for i in val])
+    keys = labeled.keys or ids
+    return tuple(Part(labeled.dataset, part, [ids[i] for i in part], [keys[i] for i in part]) for part in (train, val))
 
 
 def write_folds(path: Path, ids: list[str], fold_of: list[int]) -> None:
@@ -169,15 +171,16 @@ def write_out_of_fold(directory: Path, fold: int, val_set: Part, parts: list, ta
     (number, sums, per-sample values, rows), from every rank."""
     parts = sorted(parts, key=lambda part: part[0])
     sums, per_sample = task.combined([part[:3] for part in parts])
-    keys = val_set.ids
     arrays = {f"sums/{name}": value for name, value in sums.items()}
     arrays |= {f"per_sample/{name}": value for name, value in per_sample.items()}
     temporary = directory / f".{CONTRIBUTIONS}.tmp.npz"
-    np.savez(temporary, ids=np.asarray(keys), **arrays)
+    np.savez(temporary, ids=np.asarray(val_set.ids), **arrays)
     os.replace(temporary, directory / CONTRIBUTIONS)
     rows = [row for part in parts for row in part[3]]
     written = Path(
-        task.write_predictions(str(directory / f".{OOF}.tmp.csv"), keys, rows, description, argparse.Namespace())
+        task.write_predictions(
+            str(directory / f".{OOF}.tmp.csv"), val_set.keys, rows, description, argparse.Namespace()
+        )
     )
     with open(written, newline="", encoding="utf-8") as file:
         table = list(csv.reader(file))

@@ -120,8 +120,8 @@ def build_labeled_set(args) -> Labeled:
     if args.synthetic:
         images, masks = synthetic_masks(SYNTHETIC_TRAIN + SYNTHETIC_VAL, size, args.seed, channels)
         dataset = describe(Arrays(images, masks), SYNTHETIC_CLASSES, size, channels)
-        strata = [str(np.unique(mask).tolist()) for mask in masks]
-        return Labeled(dataset, SYNTHETIC_CLASSES, [f"synthetic:{n}" for n in range(len(masks))], strata)
+        strata, ids = [str(np.unique(mask).tolist()) for mask in masks], [f"synthetic:{n}" for n in range(len(masks))]
+        return Labeled(dataset, SYNTHETIC_CLASSES, ids, strata, keys=[(name, (size, size)) for name in ids])
     root = mask_root(args.data_dir)
     pairs = find_pairs(root / "images", root / "masks")
     if (root / "val" / "images").is_dir():
@@ -129,7 +129,9 @@ def build_labeled_set(args) -> Labeled:
     num_classes = count_classes(pairs, [], option(args, "num_classes", None))
     dataset = describe(SegmentationDataset(pairs, size, channels), num_classes, size, channels)
     ids = [image.relative_to(root).as_posix() for image, _ in pairs]
-    return Labeled(dataset, num_classes, ids, [str(np.unique(read_mask(mask)).tolist()) for _, mask in pairs])
+    strata = [str(np.unique(read_mask(mask)).tolist()) for _, mask in pairs]
+    keys = [(name, image_size(image)) for name, (image, _) in zip(ids, pairs, strict=True)]  # predictions' own size
+    return Labeled(dataset, num_classes, ids, strata, keys=keys)
 
 
 def mask_root(data_dir: str | Path) -> Path:

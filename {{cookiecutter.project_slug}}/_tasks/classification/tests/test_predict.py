@@ -2,6 +2,7 @@
 or an archive of images in, a CSV to submit out. A task of your own replaces these tests with its own."""
 
 import csv
+import json
 import os
 import random
 import shutil
@@ -150,3 +151,14 @@ def test_a_folder_of_images_is_read_where_it_is_its_lone_top_folder_unwrapped(pr
     header, *rows = read_rows(output)
     assert header == ["image", "label"]
     assert [row[0] for row in rows] == [f"{name}/{name}-{index:03d}.png" for name in "ab" for index in range(3)]
+
+
+def test_out_of_fold_accuracy_is_the_share_of_oof_csv_rows_whose_label_is_the_images_class(three_folds):
+    output, _ = three_folds
+    with open(output / "oof.csv", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    cv = json.loads((output / "cv.json").read_text(encoding="utf-8"))
+
+    # An image's id is its path under the data folder: train/<class>/<file> (the sample's class folders).
+    right = sum(row["image"].split("/")[1] == row["label"] for row in rows)
+    assert cv["oof_acc"] == pytest.approx(right / len(rows), rel=1e-12)
