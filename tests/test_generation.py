@@ -67,6 +67,7 @@ SHARED_TESTS = {
     "test_speed.py",
     "test_resume_flags.py",
     "test_schedule.py",
+    "test_submission.py",
     "test_folder_lock.py",
     "test_disk_full.py",
     "test_stalled_ranks.py",
