@@ -284,7 +284,8 @@ TASK_OPTIONS = {
     "classification": ({"--labels-csv", "--val-fraction", "--image-size", "--channels"},
                        {"--sample-submission", "--probabilities"}),
     "regression": ({"--target", "--val-fraction"}, {"--sample-submission"}),
-    "segmentation": ({"--val-fraction", "--image-size", "--channels", "--num-classes"}, set()),
+    "segmentation": ({"--val-fraction", "--image-size", "--channels", "--num-classes"},
+                     {"--sample-submission", "--rle-order"}),
     "text": ({"--val-fraction"}, {"--sample-submission", "--probabilities"}),
 }  # fmt: skip
 EVERY_TASK_OPTION = set().union(*(run | predict for run, predict in TASK_OPTIONS.values()))
