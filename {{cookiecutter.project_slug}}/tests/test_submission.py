@@ -29,10 +29,10 @@ def one_line_refusal(tmp_path: Path, sample: list[str], **given) -> str:
 def test_a_sample_with_a_probability_column_gets_the_probability_and_its_own_header(tmp_path):
     sample = write_sample(tmp_path / "sample.csv", ["Id,Category,Confidence", "fox,?,0", "cat,?,0"])
 
-    ids = [image_ids(name) for name in IMAGES]
-    write_csv(str(tmp_path / "s.csv"), ["image", "label"], IMAGES, ["cat", "dog", "fox"], [0.9, 0.8, 0.51234], sample, ids)
+    ids, output = [image_ids(name) for name in IMAGES], tmp_path / "s.csv"
+    write_csv(str(output), ["image", "label"], IMAGES, ["cat", "dog", "fox"], [0.9, 0.8, 0.51234], sample, ids)
 
-    assert (tmp_path / "s.csv").read_text(encoding="utf-8") == "Id,Category,Confidence\nfox,fox,0.5123\ncat,cat,0.9000\n"
+    assert output.read_text(encoding="utf-8") == "Id,Category,Confidence\nfox,fox,0.5123\ncat,cat,0.9000\n"
 
 
 def test_a_sample_column_nothing_fills_ends_in_one_line_naming_it_and_writes_nothing(tmp_path):

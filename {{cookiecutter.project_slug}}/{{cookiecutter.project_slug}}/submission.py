@@ -111,8 +111,8 @@ def rle_encode(mask: np.ndarray, order: str = "column") -> str:
     """The pixels set in `mask` as `start length` pairs, pixels numbered from 1 in `order` (RLE_ORDERS)."""
     pixels = np.asarray(mask, dtype=bool).flatten(order=RLE_ORDERS[order])
     # Where a run starts or ends: numbered from 1, the starts and the pixels just after each run, in turn.
-    edges = np.flatnonzero(np.diff(np.concatenate([[False], pixels, [False]]).astype(np.int8))) + 1
-    return " ".join(f"{start} {end - start}" for start, end in zip(edges[::2].tolist(), edges[1::2].tolist()))
+    edges = (np.flatnonzero(np.diff(np.concatenate([[False], pixels, [False]]).astype(np.int8))) + 1).tolist()
+    return " ".join(f"{start} {end - start}" for start, end in zip(edges[::2], edges[1::2], strict=True))
 
 
 def image_ids(path: str) -> tuple[str, ...]:
@@ -189,7 +189,8 @@ def sample_rows(
     missing = [key for key in wanted if key not in by_key]
     if missing:
         first = missing[0]  # an ID; or an image's ID and a class
-        shown = ", ".join(f"{name} {part!r}" for name, part in zip(header, first)) if len(first) > 1 else repr(first[0])
+        shown = ", ".join(f"{name} {part!r}" for name, part in zip(header[: len(first)], first, strict=True))
+        shown = repr(first[0]) if len(first) == 1 else shown
         raise UserError(
             f"{len(missing)} of the {len(wanted)} IDs of {sample} have no input in --input (the first: {shown})"
         )

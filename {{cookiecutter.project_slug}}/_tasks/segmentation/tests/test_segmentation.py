@@ -225,7 +225,7 @@ def decoded(rle: str, shape: tuple[int, int], order: str) -> np.ndarray:
     """A run-length encoded mask's pixels: `start length` pairs numbered from 1 down the columns or along the rows."""
     pixels = np.zeros(shape[0] * shape[1], bool)
     numbers = [int(number) for number in rle.split()]
-    for start, length in zip(numbers[::2], numbers[1::2]):
+    for start, length in zip(numbers[::2], numbers[1::2], strict=True):
         pixels[start - 1 : start - 1 + length] = True
     return pixels.reshape(shape, order="F" if order == "column" else "C")
 
