@@ -69,6 +69,7 @@ SHARED_TESTS = {
     "test_resume_flags.py",
     "test_schedule.py",
     "test_competition.py",
+    "test_submission.py",
     "test_folder_lock.py",
     "test_disk_full.py",
     "test_stalled_ranks.py",
@@ -286,7 +287,8 @@ TASK_OPTIONS = {
     "classification": ({"--labels-csv", "--val-fraction", "--image-size", "--channels"},
                        {"--sample-submission", "--probabilities"}),
     "regression": ({"--target", "--val-fraction"}, {"--sample-submission"}),
-    "segmentation": ({"--val-fraction", "--image-size", "--channels", "--num-classes"}, set()),
+    "segmentation": ({"--val-fraction", "--image-size", "--channels", "--num-classes"},
+                     {"--sample-submission", "--rle-order"}),
     "text": ({"--val-fraction"}, {"--sample-submission", "--probabilities"}),
 }  # fmt: skip
 EVERY_TASK_OPTION = set().union(*(run | predict for run, predict in TASK_OPTIONS.values()))

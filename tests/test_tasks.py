@@ -1,13 +1,16 @@
 """Slow tier: every task other than the default, baked and trained with 2 processes, once per framework and
 Paddle API (the launcher matrix stays on the default task). One job per task is shared by all its checks."""
 
+import csv
 import filecmp
 import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import TASK_CASES, answers_id, run
+from PIL import Image
 from test_training import read_metrics, train
 
 pytestmark = pytest.mark.slow
@@ -17,6 +20,7 @@ TASKS = {
     "regression": {"metric": "rmse", "mode": "min", "val": 89, "input": "data/diabetes/val.csv", "output": "p.csv"},
     "segmentation": {
         "metric": "miou", "mode": "max", "val": 360, "input": "data/digit_masks/val/images", "output": "masks",
+        "csv": "masks.csv",
     },
     "text": {"metric": "auc", "mode": "max", "val": 205, "input": "data/docstrings/val.csv", "output": "p.csv"},
 }  # fmt: skip
@@ -101,24 +105,49 @@ def test_the_last_checkpoint_evaluated_by_1_or_3_processes_gives_the_metrics_of_
 
 
 def test_predictions_of_1_and_2_processes_are_the_same_bytes(task_job, tmp_path):
+    """Segmentation's masks as a CSV too: a file (never a folder named .csv) that decodes to the PNG masks."""
     answers, project, output, _ = task_job
     task = TASKS[answers["task"]]
     best = output / "checkpoints" / ("best.pt" if answers["framework"] == "pytorch" else "best.pdparams")
 
     written = {}
     for processes in (1, 2):
-        target = tmp_path / str(processes) / task["output"]
-        result = run(["bash", "predict.sh", "--checkpoint", str(best), "--input", task["input"], "--output",
-                      str(target)], project, NPROC_PER_NODE=str(processes))  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        written[processes] = target
-    if written[1].is_dir():
-        files = sorted(path.relative_to(written[1]) for path in written[1].rglob("*") if path.is_file())
+        for name in filter(None, (task["output"], task.get("csv"))):
+            target = tmp_path / str(processes) / name
+            result = run(["bash", "predict.sh", "--checkpoint", str(best), "--input", task["input"], "--output",
+                          str(target)], project, NPROC_PER_NODE=str(processes))  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+            written[processes, name] = target
+    one, two = written[1, task["output"]], written[2, task["output"]]
+    if one.is_dir():
+        files = sorted(path.relative_to(one) for path in one.rglob("*") if path.is_file())
         assert len(files) == task["val"]
-        assert filecmp.cmpfiles(written[1], written[2], files, shallow=False)[0] == files
+        assert filecmp.cmpfiles(one, two, files, shallow=False)[0] == files
     else:
-        assert written[1].read_bytes() == written[2].read_bytes()
-        assert len(written[1].read_text(encoding="utf-8").splitlines()) == task["val"] + 1
+        assert one.read_bytes() == two.read_bytes()
+        assert len(one.read_text(encoding="utf-8").splitlines()) == task["val"] + 1
+    if "csv" in task:
+        table = written[1, task["csv"]]
+        assert table.is_file() and table.read_bytes() == written[2, task["csv"]].read_bytes()
+        assert table.read_text(encoding="utf-8").startswith("id,class,rle\n")
+        masks = {path.relative_to(one).as_posix(): np.asarray(Image.open(path)) for path in one.rglob("*.png")}
+        decoded = decoded_masks(table, {name: mask.shape for name, mask in masks.items()})
+        assert decoded.keys() == masks.keys()
+        assert all(np.array_equal(mask, masks[name]) for name, mask in decoded.items())
+
+
+def decoded_masks(table: Path, shapes: dict[str, tuple]) -> dict[str, np.ndarray]:
+    """The masks a CSV `id,class,rle` holds (pixels numbered from 1 down the columns), by the path of their PNG,
+    each of the shape (height, width) that `shapes` gives that path."""
+    flat: dict[str, np.ndarray] = {}
+    with open(table, newline="", encoding="utf-8") as file:
+        for row in csv.DictReader(file):
+            name = Path(row["id"]).with_suffix(".png").as_posix()
+            pixels = flat.setdefault(name, np.zeros(math.prod(shapes[name]), np.uint8))
+            numbers = [int(number) for number in row["rle"].split()]
+            for start, length in zip(numbers[::2], numbers[1::2], strict=True):
+                pixels[start - 1 : start - 1 + length] = int(row["class"])
+    return {name: pixels.reshape(shapes[name], order="F") for name, pixels in flat.items()}
 
 
 def test_the_tasks_own_tests_pass_in_its_baked_project(task_job):

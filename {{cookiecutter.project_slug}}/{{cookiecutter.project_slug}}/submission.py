@@ -1,17 +1,25 @@
 """predict.py's input and output: a file, a folder or an archive (extracted), the batches of each process, and the
-CSV file a competition takes."""
+CSV file a competition takes (in the form of its sample submission; masks run-length encoded)."""
 
 import csv
+import functools
 import hashlib
 import os
 import tempfile
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
+
+import numpy as np
 
 from . import archive
 from .errors import UserError
 from .workspace import ARCHIVE_SUFFIXES
 
 PROBABILITY = "probability"
+MASK_HEADER = ["id", "class", "rle"]
+# How run-length encoding numbers a mask's pixels: "column" (the usual competition order) top to bottom, then left to
+# right; "row" left to right, then top to bottom. By numpy's flattening order.
+RLE_ORDERS = {"column": "F", "row": "C"}
 
 
 def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | None]:
@@ -40,21 +48,85 @@ def write_csv(
     labels: list,
     probabilities: list[float] | None = None,
     sample: str | None = None,
-    ids: list[str] | None = None,
+    ids: list | None = None,
 ) -> None:
     """The CSV, written whole to a temporary name first: `header` then a `name,label` row each, or the form of a
-    sample submission (`sample`), whose ID column names each input by its entry of `ids` (default: its name)."""
-    if sample:
-        ids = [str(input_id) for input_id in ids or names]
-        header, order = sample_form(Path(sample), names, ids)
-        rows = [[ids[index], labels[index]] for index in order]
-        probabilities = [probabilities[index] for index in order] if probabilities else None
-    else:
-        rows = [[name, label] for name, label in zip(names, labels, strict=True)]
+    sample submission (`sample`, sample_rows()), whose ID column names each input by its entry of `ids` (default:
+    its name; a tuple: any of its IDs, image_ids())."""
+    values = [[label] for label in labels]
     if probabilities:
         header = [*header, PROBABILITY]
-        rows = [[*row, f"{probability:.4f}"] for row, probability in zip(rows, probabilities, strict=True)]
+        values = [[label, f"{probability:.4f}"] for label, probability in zip(labels, probabilities, strict=True)]
+    if sample:
+        given = [input_id if isinstance(input_id, tuple) else (input_id,) for input_id in ids or names]
+        keys = [[(str(one),) for one in dict.fromkeys((name, *more))] for name, more in zip(names, given, strict=True)]
+        header, rows = sample_rows(Path(sample), sample_table(Path(sample)), header, keys, values.__getitem__)
+    else:
+        rows = [[name, *value] for name, value in zip(names, values, strict=True)]
+    write_rows(output, header, rows)
+
+
+def write_masks(
+    output: str,
+    names: list[str],
+    mask_of: Callable[[int], np.ndarray],
+    classes: Sequence[str],
+    order: str = "column",
+    sample: str | None = None,
+    ids: list[tuple[str, ...]] | None = None,
+) -> None:
+    """Masks as a competition's CSV, written as write_csv() writes: `id,class,rle`, for each input of `names` (its
+    mask: `mask_of(index)`, class indices) a row per class present but the background (0), its pixels run-length
+    encoded (rle_encode(), in `order`), or one row with an empty class and rle where there is none; or the form of a
+    sample submission (`sample`), whose rows name an input (by any of its `ids`) and a class (by its name), or, for
+    two classes, a sample of two columns (an image's ID, its mask: one class and the background) the input alone."""
+    mask_of = functools.lru_cache(maxsize=1)(mask_of)  # a sample's rows name an image's classes one after another
+    if sample:
+        table = sample_table(Path(sample))
+        by_image = len(table[0]) == 2 and len(classes) == 2
+        labels = [1] if by_image else range(len(classes))
+        keys = [
+            [(one,) if by_image else (one, classes[label]) for one in dict.fromkeys((name, *input_ids))]
+            for name, input_ids in zip(names, ids or [()] * len(names), strict=True)
+            for label in labels
+        ]
+
+        def encoded(index: int) -> list[str]:  # keys' order: each input's labels in turn
+            image, label = divmod(index, len(labels))
+            return [rle_encode(mask_of(image) == labels[label], order)]
+
+        header = [MASK_HEADER[0], MASK_HEADER[2]] if by_image else MASK_HEADER
+        header, rows = sample_rows(Path(sample), table, header, keys, encoded, key_columns=1 if by_image else 2)
+    else:
+        rows = []
+        for index, name in enumerate(names):
+            mask = mask_of(index)
+            found = [label for label in np.unique(mask).tolist() if label > 0]
+            rows += [[name, classes[label], rle_encode(mask == label, order)] for label in found] or [[name, "", ""]]
+        header = MASK_HEADER
+    write_rows(output, header, rows)
+
+
+def rle_encode(mask: np.ndarray, order: str = "column") -> str:
+    """The pixels set in `mask` as `start length` pairs, pixels numbered from 1 in `order` (RLE_ORDERS)."""
+    pixels = np.asarray(mask, dtype=bool).flatten(order=RLE_ORDERS[order])
+    # Where a run starts or ends: numbered from 1, the starts and the pixels just after each run, in turn.
+    edges = (np.flatnonzero(np.diff(np.concatenate([[False], pixels, [False]]).astype(np.int8))) + 1).tolist()
+    return " ".join(f"{start} {end - start}" for start, end in zip(edges[::2], edges[1::2], strict=True))
+
+
+def image_ids(path: str) -> tuple[str, ...]:
+    """The IDs a sample submission may name an image by: its path under the input, its file name, its file name
+    without the extension."""
+    image = PurePosixPath(path)
+    return tuple(dict.fromkeys((path, image.name, image.stem)))
+
+
+def write_rows(output: str, header: list[str], rows: list[list]) -> None:
+    """A CSV file, written whole to a temporary name first: a stopped or failed run leaves none half-written."""
     path = Path(output)
+    if path.is_dir():
+        raise UserError(f"--output {path} is a folder: name the CSV file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
     with open(temporary, "w", newline="", encoding="utf-8") as file:
@@ -64,24 +136,63 @@ def write_csv(
     os.replace(temporary, path)
 
 
-def sample_form(sample: Path, names: list[str], ids: list[str]) -> tuple[list[str], list[int]]:
-    """The sample submission's header (ID column, label column), and for each of its rows the input it names by
-    its ID (`ids`, one per input of `names`)."""
+def sample_table(sample: Path) -> list[list[str]]:
+    """The rows of a sample submission, its header first (empty lines left out)."""
     if not sample.is_file():
         raise UserError(f"--sample-submission {sample} not found")
     with open(sample, newline="", encoding="utf-8-sig") as file:
         table = [row for row in csv.reader(file) if row]
-    if not table or len(table[0]) != 2:
-        raise UserError(f"--sample-submission {sample}: expected a header of two columns (ID, label), got {table[:1]}")
-    by_id: dict[str, int] = {}
-    for index, (name, input_id) in enumerate(zip(names, ids, strict=True)):
-        other = by_id.setdefault(input_id, index)
-        if other != index:
-            raise UserError(f"inputs {names[other]} and {name} have the same ID {input_id!r} for --sample-submission")
-    wanted = [row[0] for row in table[1:]]
-    missing = [input_id for input_id in wanted if input_id not in by_id]
-    if missing:
+    if not table:
+        raise UserError(f"--sample-submission {sample} is empty: it needs a header row and a row per prediction")
+    return table
+
+
+def sample_rows(
+    sample: Path,
+    table: list[list[str]],
+    header: list[str],
+    keys: list[list[tuple]],
+    values: Callable[[int], list],
+    key_columns: int = 1,
+) -> tuple[list[str], list[list]]:
+    """A sample submission's (`table`'s) form of the predictions: its header and, for each of its rows, its first
+    `key_columns` fields (an ID; or an image and a class) with the values of the prediction they name (`keys`: for
+    each prediction, the keys that name it; `values(index)`: its columns after `header`'s keys). The sample's
+    columns after its keys take those values in the order `header` has them (the label, then a probability, ...);
+    columns the sample lacks are added with `header`'s names, and a sample column nothing fills is refused."""
+    if len(table[0]) <= key_columns:
         raise UserError(
-            f"{len(missing)} of the {len(wanted)} IDs of {sample} have no input in --input (the first: {missing[0]!r})"
+            f"--sample-submission {sample}: expected a header of {', '.join(header[:key_columns])} and the "
+            f"prediction's columns (as {', '.join(header)}), got {', '.join(table[0])}"
         )
-    return table[0], [by_id[input_id] for input_id in wanted]
+    unfilled = table[0][len(header) :]
+    if unfilled:
+        raise UserError(
+            f"--sample-submission {sample} has the columns {', '.join(table[0])}; this prediction writes "
+            f"{len(header)} ({', '.join(header)}): nothing fills {', '.join(unfilled)} (predict.py --help lists "
+            "the options that add a column)"
+        )
+    by_key: dict[tuple, int] = {}
+    shared: dict[tuple, tuple[int, int]] = {}  # keys that name two predictions: refused where the sample uses one
+    for index, names in enumerate(keys):
+        for key in names:
+            other = by_key.setdefault(key, index)
+            if other != index:
+                shared.setdefault(key, (other, index))
+    wanted = [tuple(row[:key_columns]) for row in table[1:]]
+    for key in wanted:
+        if key in shared:
+            first, second = (keys[index][0][0] for index in shared[key])
+            raise UserError(
+                f"inputs {first} and {second} have the same ID {' '.join(key)!r} for --sample-submission {sample}"
+            )
+    missing = [key for key in wanted if key not in by_key]
+    if missing:
+        first = missing[0]  # an ID; or an image's ID and a class
+        shown = ", ".join(f"{name} {part!r}" for name, part in zip(header[: len(first)], first, strict=True))
+        shown = repr(first[0]) if len(first) == 1 else shown
+        raise UserError(
+            f"{len(missing)} of the {len(wanted)} IDs of {sample} have no input in --input (the first: {shown})"
+        )
+    rows = [[*key, *values(by_key[key])] for key in wanted]
+    return [*table[0], *header[len(table[0]) :]], rows

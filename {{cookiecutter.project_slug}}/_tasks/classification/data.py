@@ -57,8 +57,9 @@ OPTIONS = {
 PREDICT_OPTIONS = {
     "--sample-submission": {
         "metavar": "FILE",
-        "help": "a competition's sample CSV: its header, its ID column (an image's file name without its "
-        "extension) and its row order are followed; the second column gets the prediction",
+        "help": "a competition's sample CSV: its header, its ID column (an image's path, file name, or file name "
+        "without the extension) and its row order are followed; the second column gets the label, a third the "
+        "probability (with --probabilities)",
     },
     "--probabilities": {"action": "store_true", "help": "add a column with the predicted class's probability"},
 }

@@ -63,6 +63,20 @@ OPTIONS = {
         "help": "the number of classes (default: the largest index in the training masks, plus one)",
     },
 }
+# predict.py's options that task.py's write_predictions() reads.
+PREDICT_OPTIONS = {
+    "--sample-submission": {
+        "metavar": "FILE",
+        "help": "a competition's sample CSV (an image's ID, a class, a mask): its header and its row order are "
+        "followed, each row matched by image (its path, file name, or file name without the extension) and class; "
+        "the third column gets the mask, run-length encoded",
+    },
+    "--rle-order": {
+        "choices": ["column", "row"],
+        "help": "a CSV's run-length encoding numbers pixels column: top to bottom, then left to right (the usual "
+        "competition order; the default); row: left to right, then top to bottom",
+    },
+}
 
 IMAGE_SIZE = 32  # the default side images and masks are resized to (--image-size): the sample's own
 CHANNELS = 3  # the default --channels

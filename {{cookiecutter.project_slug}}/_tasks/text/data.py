@@ -49,7 +49,7 @@ PREDICT_OPTIONS = {
     "--sample-submission": {
         "metavar": "FILE",
         "help": "a competition's sample CSV: its header, its ID column (the input's id) and its row order are "
-        "followed; the second column gets the prediction",
+        "followed; the second column gets the label, a third the probability (with --probabilities)",
     },
     "--probabilities": {"action": "store_true", "help": "add a column with the predicted class's probability"},
 }

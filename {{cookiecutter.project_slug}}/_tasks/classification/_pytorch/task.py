@@ -5,12 +5,10 @@ predict.py and the notebook call nothing else. Every batch arrives as the loader
 (here a tuple: images, labels), already on the model's device, in the run's precision.
 """
 
-from pathlib import PurePosixPath
-
 import torch
 import torch.nn.functional as F
 
-from .submission import write_csv
+from .submission import image_ids, write_csv
 
 BEST_METRIC = "acc"  # the metric of metrics() that picks checkpoints/best.pt
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
@@ -55,7 +53,7 @@ def write_predictions(output: str | None, keys: list, rows: list, description: d
     classes = description.get("classes")
     labels = [classes[label] if classes else str(label) for label, _ in rows]
     chances = [chance for _, chance in rows] if getattr(options, "probabilities", False) else None
-    # A sample submission names an image by its file name without the extension.
-    ids = [PurePosixPath(key).stem for key in keys]
+    # A sample submission names an image by its path, its file name, or its file name without the extension.
+    ids = [image_ids(key) for key in keys]
     write_csv(output, ["image", "label"], keys, labels, chances, getattr(options, "sample_submission", None), ids)
     return output

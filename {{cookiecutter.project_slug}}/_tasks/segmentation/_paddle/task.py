@@ -16,6 +16,7 @@ import paddle.nn.functional as F
 from PIL import Image
 
 from .errors import UserError
+from .submission import image_ids, write_masks
 
 BEST_METRIC = "miou"  # the metric of metrics() that picks checkpoints/best.pdparams
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
@@ -59,19 +60,33 @@ def predict_step(model, batch) -> list:
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:
-    """predict.py's masks, one 8-bit PNG per image, each pixel its class index, at the image's own size, the
-    image's relative path with the suffix .png, in the folder `output` (default predictions/); its path."""
-    if getattr(options, "sample_submission", None):
-        raise UserError("--sample-submission is for CSV predictions: segmentation writes a folder of masks")
-    folder = Path(output or "predictions")
+    """predict.py's masks, each at its image's own size, and their path: with an --output ending in .csv (the default
+    with --sample-submission), run-length encoded, a row per image and class found (submission.write_masks(), in
+    --rle-order); else 8-bit PNGs, each pixel its class index, in the folder `output` (default predictions/), each
+    under its image's relative path with the suffix .png."""
+    sample, order = getattr(options, "sample_submission", None), getattr(options, "rle_order", None)
+    output = output or ("predictions.csv" if sample else "predictions")
+
+    def mask_of(index: int) -> np.ndarray:
+        # Nearest neighbour, as the training masks were read: an index is never blended with its neighbours'.
+        image = Image.fromarray(np.asarray(rows[index], dtype=np.uint8)).resize(keys[index][1], Image.NEAREST)
+        return np.asarray(image)
+
+    names = [name for name, _ in keys]
+    if output.lower().endswith(".csv"):
+        classes = description.get("classes") or [str(label) for label in range(description["num_classes"])]
+        ids = [image_ids(name) for name in names]
+        write_masks(output, names, mask_of, classes, order or "column", sample, ids)
+        return output
+    if sample or order:
+        raise UserError(f"--{'sample-submission' if sample else 'rle-order'} is for a CSV: name --output FILE.csv")
+    folder = Path(output)
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"--output {folder} is a file: segmentation writes a folder of masks, name a folder")
-    for (name, size), indices in zip(keys, rows, strict=True):
+        raise UserError(f"--output {folder} is a file: name a folder for the masks, or FILE.csv for a CSV")
+    for index, name in enumerate(names):
         path = folder / PurePosixPath(name).with_suffix(".png")
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Nearest neighbour, as the training masks were read: an index is never blended with its neighbours'.
-        mask = Image.fromarray(np.asarray(indices, dtype=np.uint8)).resize(size, Image.NEAREST)
         temporary = path.with_name(f".{path.name}.tmp")  # a stopped run leaves no half-written mask
-        mask.save(temporary, format="PNG")
+        Image.fromarray(mask_of(index)).save(temporary, format="PNG")
         os.replace(temporary, path)
     return str(folder)

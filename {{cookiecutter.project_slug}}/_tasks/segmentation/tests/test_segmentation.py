@@ -213,3 +213,79 @@ def test_synthetic_data_marks_the_squares_it_draws_brighter_for_the_higher_class
 
     assert num_classes == 3 and len(val) > 0 and masks.shape == (20, *images.shape[2:])
     assert images[:, 0][masks == 2].mean() > images[:, 0][masks == 1].mean() > images[:, 0][masks == 0].mean()
+
+
+# Predicted masks as written to a CSV: three images, the last with nothing found; each at its own size.
+CSV_KEYS = [("a/x.jpg", (6, 3)), ("y.png", (2, 2)), ("z.png", (3, 1))]
+CSV_ROWS = [np.array([[0, 1], [2, 1]], np.uint8), np.array([[2, 0], [0, 2]], np.uint8), np.zeros((1, 1), np.uint8)]
+CLASSES = {"classes": ["0", "1", "2"]}
+
+
+def decoded(rle: str, shape: tuple[int, int], order: str) -> np.ndarray:
+    """A run-length encoded mask's pixels: `start length` pairs numbered from 1 down the columns or along the rows."""
+    pixels = np.zeros(shape[0] * shape[1], bool)
+    numbers = [int(number) for number in rle.split()]
+    for start, length in zip(numbers[::2], numbers[1::2], strict=True):
+        pixels[start - 1 : start - 1 + length] = True
+    return pixels.reshape(shape, order="F" if order == "column" else "C")
+
+
+def read_rows(path: str) -> list[list[str]]:
+    return [line.split(",") for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_csv_output_is_a_file_of_a_row_per_image_and_class_found_and_an_empty_one_for_an_image_with_none(tmp_path):
+    written = task.write_predictions(str(tmp_path / "sub.csv"), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace())
+
+    assert Path(written).is_file()
+    assert [row[:2] for row in read_rows(written)] == [
+        ["id", "class"], ["a/x.jpg", "1"], ["a/x.jpg", "2"], ["y.png", "2"], ["z.png", ""]
+    ]  # fmt: skip
+    assert read_rows(written)[-1] == ["z.png", "", ""]
+
+
+@pytest.mark.parametrize("order", ["column", "row"])
+def test_the_csv_decodes_to_exactly_the_png_masks_of_a_folder_output(tmp_path, order):
+    folder = Path(task.write_predictions(str(tmp_path / "masks"), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace()))
+    options = argparse.Namespace(rle_order=None if order == "column" else order)
+    written = task.write_predictions(str(tmp_path / "sub.csv"), CSV_KEYS, CSV_ROWS, CLASSES, options)
+
+    masks = {}
+    for name, label, rle in read_rows(written)[1:]:
+        with Image.open(folder / Path(name).with_suffix(".png")) as png:
+            expected = masks.setdefault(name, (np.asarray(png), np.zeros(png.size[::-1], np.uint8)))[0]
+        masks[name][1][decoded(rle, expected.shape, order)] = int(label or 0)
+    assert len(masks) == 3 and all(np.array_equal(png, mask) for png, mask in masks.values())
+
+
+def test_a_sample_submission_is_followed_by_image_and_class_and_by_image_alone_for_two_classes(tmp_path):
+    sample = tmp_path / "sample.csv"
+    sample.write_text("ImageId,ClassId,EncodedPixels\ny,2,\nx.jpg,1,\nz,1,\ny.png,1,\n", encoding="utf-8")
+    options = argparse.Namespace(sample_submission=str(sample))
+
+    written = task.write_predictions(str(tmp_path / "sub.csv"), CSV_KEYS, CSV_ROWS, CLASSES, options)
+
+    assert read_rows(written) == [
+        ["ImageId", "ClassId", "EncodedPixels"], ["y", "2", "1 1 4 1"], ["x.jpg", "1", "10 9"], ["z", "1", ""],
+        ["y.png", "1", ""],
+    ]  # fmt: skip
+    sample.write_text("img,rle_mask\nz,\ny.png,\n", encoding="utf-8")  # one class and the background: by image
+    binary = [(row > 0).astype(np.uint8) for row in CSV_ROWS]
+    written = task.write_predictions(str(tmp_path / "two.csv"), CSV_KEYS, binary, {"classes": ["0", "1"]}, options)
+    assert read_rows(written) == [["img", "rle_mask"], ["z", ""], ["y.png", "1 1 4 1"]]
+
+
+@pytest.mark.parametrize(
+    "flags, output, named",
+    [
+        ({"rle_order": "row"}, "masks", "--rle-order is for a CSV"),
+        ({"sample_submission": "sample.csv"}, "masks", "--sample-submission is for a CSV"),
+        ({}, "taken.csv", "--output .*taken.csv is a folder"),
+    ],
+    ids=["rle-order-with-a-folder", "sample-with-a-folder", "csv-that-is-a-folder"],
+)
+def test_a_csv_option_with_a_folder_output_or_a_folder_named_csv_ends_in_one_line(tmp_path, flags, output, named):
+    (tmp_path / "taken.csv").mkdir()
+
+    with pytest.raises(UserError, match=named):
+        task.write_predictions(str(tmp_path / output), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace(**flags))

@@ -1,0 +1,79 @@
+"""The CSV a competition takes (submission.py), whatever the task: a sample submission's header, IDs and row order
+followed, its extra columns filled or refused in one line, masks run-length encoded."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.submission import image_ids, rle_encode, write_csv
+
+IMAGES = ["a/cat.png", "b/dog.jpg", "b/fox.png"]
+
+
+def write_sample(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def one_line_refusal(tmp_path: Path, sample: list[str], **given) -> str:
+    output = tmp_path / "submission.csv"
+    with pytest.raises(UserError) as raised:
+        write_csv(str(output), ["image", "label"], IMAGES, ["cat", "dog", "fox"],
+                  sample=write_sample(tmp_path / "sample.csv", sample), **given)  # fmt: skip
+    assert "\n" not in str(raised.value) and not output.exists()
+    return str(raised.value)
+
+
+def test_a_sample_with_a_probability_column_gets_the_probability_and_its_own_header(tmp_path):
+    sample = write_sample(tmp_path / "sample.csv", ["Id,Category,Confidence", "fox,?,0", "cat,?,0"])
+
+    ids, output = [image_ids(name) for name in IMAGES], tmp_path / "s.csv"
+    write_csv(str(output), ["image", "label"], IMAGES, ["cat", "dog", "fox"], [0.9, 0.8, 0.51234], sample, ids)
+
+    assert output.read_text(encoding="utf-8") == "Id,Category,Confidence\nfox,fox,0.5123\ncat,cat,0.9000\n"
+
+
+def test_a_sample_column_nothing_fills_ends_in_one_line_naming_it_and_writes_nothing(tmp_path):
+    message = one_line_refusal(tmp_path, ["Id,Category,Confidence,Notes", "cat,?,0,"], probabilities=[0.9, 0.8, 0.7])
+
+    assert "nothing fills Notes" in message and "writes 3 (image, label, probability)" in message
+    assert "nothing fills Confidence, Notes" in one_line_refusal(tmp_path, ["Id,Category,Confidence,Notes"])
+
+
+def test_a_sample_names_an_image_by_its_path_its_file_name_or_its_name_without_the_extension(tmp_path):
+    sample = write_sample(tmp_path / "sample.csv", ["image_id,label", "fox,", "dog.jpg,", "a/cat.png,"])
+
+    ids = [image_ids(name) for name in IMAGES]
+    write_csv(str(tmp_path / "s.csv"), ["image", "label"], IMAGES, ["cat", "dog", "fox"], sample=sample, ids=ids)
+
+    assert (tmp_path / "s.csv").read_text(encoding="utf-8") == "image_id,label\nfox,fox\ndog.jpg,dog\na/cat.png,cat\n"
+
+
+def test_an_id_two_inputs_share_is_refused_only_where_the_sample_names_it(tmp_path):
+    names = ["a/x.png", "b/x.png"]
+    ids = [image_ids(name) for name in names]
+    sample = write_sample(tmp_path / "paths.csv", ["id,label", "b/x.png,", "a/x.png,"])
+
+    write_csv(str(tmp_path / "s.csv"), ["image", "label"], names, ["1", "2"], sample=sample, ids=ids)
+
+    assert (tmp_path / "s.csv").read_text(encoding="utf-8") == "id,label\nb/x.png,2\na/x.png,1\n"
+    with pytest.raises(UserError, match="inputs a/x.png and b/x.png have the same ID 'x'"):
+        write_csv(str(tmp_path / "t.csv"), ["image", "label"], names, ["1", "2"],
+                  sample=write_sample(tmp_path / "stems.csv", ["id,label", "x,"]), ids=ids)  # fmt: skip
+
+
+def test_an_output_that_is_a_folder_is_refused_in_one_line(tmp_path):
+    (tmp_path / "p.csv").mkdir()
+
+    with pytest.raises(UserError, match="--output .*p.csv is a folder"):
+        write_csv(str(tmp_path / "p.csv"), ["id", "label"], ["1"], ["a"])
+
+
+def test_run_length_pairs_number_pixels_from_1_down_each_column_unless_row_order_is_asked():
+    mask = np.array([[1, 0, 1], [1, 0, 1]])
+
+    assert rle_encode(mask) == "1 2 5 2"
+    assert rle_encode(mask, "row") == "1 1 3 2 6 1"
+    assert rle_encode(np.zeros((2, 3))) == "" and rle_encode(np.ones((2, 3)), "row") == "1 6"
