@@ -7,8 +7,11 @@ What an input is, a prediction, and the file written: data.build_predict_set() a
 """
 
 import shutil
+from functools import partial
 
-from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, seam, submission
+import numpy as np
+
+from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, save_folders, seam, submission
 from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors
 from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 
@@ -16,29 +19,49 @@ from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 @explain_user_errors
 def predict(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
-    args.checkpoint = args.checkpoint or inference.checkpoint_path(PROJECT_ROOT / "output", "best")
+    given = args.checkpoint or [inference.checkpoint_path(PROJECT_ROOT / "output", "best")]
     try:
         log = logs.setup_logging(None, env.rank)
         task = seam.Task()  # the three files a user owns, the one way to them
-        # One read of the checkpoint: the model, and what predicting needs (the outputs' names, how inputs were read).
-        model, description = inference.load_with_data(args.checkpoint, env.device, task=task)
+        checkpoints = save_folders.members(given, lambda fold: inference.checkpoint_path(fold, "best"))
+        averaged = len(checkpoints) > 1 or args.tta  # an ensemble, or test-time views: outputs averaged
+        if averaged:
+            task.check_averaging(len(checkpoints), args.tta)
         source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank)
-        inputs, keys = task.predict_set(source, description)
-
-        # Whole batches dealt to the processes: each input's batch, so its prediction, is the same on any number.
-        loader = loaders.predict_loader(inputs, args.batch_size, args.workers, env)
-        mine = []
-        batches = logs.progress_bar(loader, env.is_main, "predict")
-        for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
-            mine += zip(loader.batch_sampler.indices(number), inference.predict(model, batch, task), strict=True)
-        gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
-        rows = [row for _, row in sorted(gathered, key=lambda part: part[0])]
+        total, description = None, None
+        for checkpoint in checkpoints:
+            # One read of the checkpoint: the model, and what predicting needs (the outputs' names, how inputs were
+            # read: each model of an ensemble reads the inputs as its own training did).
+            model, own = inference.load_with_data(checkpoint, env.device, task=task)
+            description = description or own
+            if own.get("num_classes") != description.get("num_classes"):
+                raise UserError(
+                    f"{checkpoint} has {own.get('num_classes')} outputs, {checkpoints[0]} "
+                    f"{description.get('num_classes')}: an ensemble averages models of one task and one output size"
+                )
+            inputs, keys = task.predict_set(source, own)
+            if not averaged:
+                rows = per_input(inputs, args, env, partial(inference.predict, model, task=task))
+                break
+            outputs = np.stack(
+                per_input(inputs, args, env, partial(inference.averaged_outputs, model, task=task, tta=args.tta))
+            )
+            if total is not None and outputs.shape != total.shape:
+                raise UserError(
+                    f"{checkpoint} gives outputs of {list(outputs.shape[1:])} an input, {checkpoints[0]} of "
+                    f"{list(total.shape[1:])}: an ensemble averages outputs of one size"
+                )
+            total = outputs if total is None else total + outputs  # (in float64, in --checkpoint's order)
+        if averaged:
+            rows = task.rows_from_outputs(total / len(checkpoints))
 
         problem = None
         if env.is_main:
             try:
                 written = task.write_predictions(args.output, keys, rows, description, args)
-                log.info("predicted %d inputs of %s with %s: %s", len(keys), args.input, args.checkpoint, written)
+                used = checkpoints[0] if len(checkpoints) == 1 else f"an ensemble of {len(checkpoints)} checkpoints"
+                log.info("predicted %d inputs of %s with %s%s: %s", len(keys), args.input, used,
+                         " and test-time views" if args.tta else "", written)  # fmt: skip
             except UserError as error:  # a bad --output or --sample-submission: every process ends with its line
                 problem = str(error)
         problem = distributed.share_from_main(problem, "rank 0's predictions")  # every process is done with inputs
@@ -48,6 +71,18 @@ def predict(args) -> None:
             shutil.rmtree(extracted, ignore_errors=True)
     finally:
         distributed.cleanup()
+
+
+def per_input(inputs, args, env, on_batch) -> list:
+    """on_batch(batch)'s results, one per input, in the inputs' order: whole batches dealt to the processes (each
+    input's batch, so its result, is the same on any number), gathered on every process."""
+    loader = loaders.predict_loader(inputs, args.batch_size, args.workers, env)
+    mine = []
+    batches = logs.progress_bar(loader, env.is_main, "predict")
+    for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
+        mine += zip(loader.batch_sampler.indices(number), on_batch(batch), strict=True)
+    gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
+    return [result for _, result in sorted(gathered, key=lambda part: part[0])]
 
 
 if __name__ == "__main__":

@@ -86,12 +86,19 @@ def run_sh(project_root: Path, output: Path, *args: str) -> str:
     in a dataset=zip project), which must succeed; its console output."""
     from {{ cookiecutter.project_slug }} import settings, workspace
 
-    command = ["bash", "run.sh", "--device", "cpu", "--output-dir", str(output), *args]
+    command = ["--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
         command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
+    return run_bash(project_root, "run.sh", *command)
+
+
+def run_bash(project_root: Path, script: str, *args: str, nproc: int = 2) -> str:
+    """`NPROC_PER_NODE=nproc bash SCRIPT ARGS` in the project (run.sh, predict.sh), which must succeed; its console
+    output."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
-    env.update(NPROC_PER_NODE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env.update(NPROC_PER_NODE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    command = ["bash", script, *args]
     result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_sh
+from conftest import run_bash, run_sh
 
-from {{ cookiecutter.project_slug }} import batches, cli, folds, save_folders, seam, task, workspace
+from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, save_folders, seam, task, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
@@ -188,3 +188,47 @@ def test_the_cv_score_pools_each_folds_best_validation_and_a_rerun_skips_the_fin
     again = run_sh(project_root, output, "--folds", "3", "--epochs", "2")
     assert again.count("is finished") == 3 and "epoch 1/2" not in again
     assert f"cv: oof_{best} {cv[f'oof_{best}']:.4f}" in again
+
+
+def test_predict_takes_top_json_a_folds_folder_and_checkpoints_as_given(tmp_path):
+    (tmp_path / "fold-10" / "x").mkdir(parents=True)
+    (tmp_path / "fold-2").mkdir()
+    keep(tmp_path, 1, 0.5)
+    keep(tmp_path, 2, 0.3)
+
+    def best_in(fold):
+        return fold / "best.pt"
+
+    top = save_folders.members([str(tmp_path / "top.json")], best_in)
+    assert top == [tmp_path / "epoch-2.pt", tmp_path / "epoch-1.pt"]  # best first
+    folds_folder = save_folders.members([str(tmp_path)], best_in)
+    assert folds_folder == [tmp_path / "fold-2" / "best.pt", tmp_path / "fold-10" / "best.pt"]  # in fold order
+    assert save_folders.members(["a.pt", "b"], best_in) == [Path("a.pt"), Path("b")]
+
+
+@pytest.mark.slow
+def test_a_folds_ensemble_predicts_the_mean_of_its_models_outputs_the_same_on_one_and_two_processes(
+    three_folds, project_root, tmp_path
+):
+    output, _ = three_folds
+    model_task = seam.Task()
+    inputs = output.parent / "data" / model_task.predict_sample
+    written = {}
+    for nproc in (1, 2):
+        target = tmp_path / f"ensemble-{nproc}.csv"
+        run_bash(project_root, "predict.sh", "--checkpoint", str(output), "--input", str(inputs), "--output",
+                 str(target), nproc=nproc)  # fmt: skip
+        written[nproc] = target.read_bytes()
+    assert written[1] == written[2]
+
+    # The same file from each fold's best model's outputs, averaged here: predict.py's batches, one process.
+    one_process = argparse.Namespace(rank=0, world_size=1, on_gpu=False)
+    total = 0
+    for fold in range(3):
+        model, description = inference.load_with_data(inference.checkpoint_path(output / f"fold-{fold}"), "cpu")
+        dataset, keys = model_task.predict_set(inputs, description)
+        batches = loaders.predict_loader(dataset, cli.parse_predict_args(["--input", "x"]).batch_size, 0, one_process)
+        total = total + np.concatenate([inference.averaged_outputs(model, batch, model_task) for batch in batches])
+    rows = model_task.rows_from_outputs(total / 3)
+    mine = model_task.write_predictions(str(tmp_path / "mine.csv"), keys, rows, description, argparse.Namespace())
+    assert Path(mine).read_bytes() == written[1]

@@ -325,8 +325,13 @@ def build_predict_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--checkpoint",
+        nargs="+",
         help="a checkpoint run.py wrote (a file, or a sharded save's folder): it holds what predicting needs (class "
-        "names, how inputs were read) (default: output/'s best)",
+        "names, how inputs were read) (default: output/'s best); several, a checkpoints/top.json (--keep-best) or "
+        "the folder of a run of --folds (each fold's best): an ensemble, their outputs averaged",
+    )
+    parser.add_argument(
+        "--tta", action="store_true", help="average the outputs of task.py's test-time views too (images: flipped)"
     )
     parser.add_argument(
         "--input",

@@ -183,6 +183,30 @@ class Task:
         its first part; any other (a dict of named parts) is given whole."""
         return self.predict_rows(model, batch[0] if isinstance(batch, (tuple, list)) else batch)
 
+    def check_averaging(self, checkpoints: int, tta: bool) -> None:
+        """predict.py's ensemble of several checkpoints, or --tta: what task.py must say for it, or one line."""
+        if checkpoints > 1 and not all(hasattr(self.task, name) for name in ("predict_outputs", "rows_from_outputs")):
+            raise UserError(
+                f"--checkpoint names {checkpoints} checkpoints: task.py has no predict_outputs() and rows_from_outputs(), "
+                "which say what an ensemble averages and how rows are made from it: add them (README: A competition, "
+                "from folds to a submission), or give one checkpoint"
+            )
+        if tta and not all(hasattr(self.task, name) for name in ("test_time_views", "rows_from_outputs")):
+            raise UserError(
+                "--tta: task.py has no test_time_views() (and rows_from_outputs()), which say the views of a batch "
+                "to average: add them (README: A competition, from folds to a submission), or leave out --tta"
+            )
+
+    def averaged_outputs(self, model, batch, tta: bool) -> np.ndarray:
+        """task.predict_outputs() of the batch, or with --tta the mean of its test_time_views()', in float64."""
+        with calling("test_time_views" if tta else "predict_outputs", batch):
+            views = self.task.test_time_views(model, batch) if tta else [self.task.predict_outputs(model, batch)]
+        return sum(np.asarray(view, dtype=np.float64) for view in views) / len(views)
+
+    def rows_from_outputs(self, outputs: np.ndarray) -> list:
+        with calling("rows_from_outputs", outputs):
+            return list(self.task.rows_from_outputs(outputs))
+
     def write_predictions(self, output, keys: list, rows: list, description: dict, options) -> str:
         return self.task.write_predictions(output, keys, rows, description, options)
 

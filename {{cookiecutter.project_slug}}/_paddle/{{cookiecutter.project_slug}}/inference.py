@@ -8,6 +8,7 @@ seam.Task(), or one given (a notebook's own).
 
 from pathlib import Path
 
+import numpy as np
 import paddle
 
 from . import loaders
@@ -80,7 +81,18 @@ def load_with_data(
 @paddle.no_grad()
 def predict(model: paddle.nn.Layer, batch, task: Task | None = None) -> list:
     """task.predict_step() on a batch of inputs, moved to the model's device: one row per input."""
-    place = next(iter(model.parameters())).place
     sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
-    batch = loaders.to_device(batch, "cpu" if place.is_cpu_place() else f"gpu:{place.gpu_device_id()}")
-    return (task or Task()).predict_rows(model, batch)
+    return (task or Task()).predict_rows(model, _on_device_of(model, batch))
+
+
+@paddle.no_grad()
+def averaged_outputs(model: paddle.nn.Layer, batch, task: Task, tta: bool = False) -> np.ndarray:
+    """task.predict_outputs() on a batch of inputs (with --tta: the mean over its test-time views), on the model's
+    device: what predict.py's ensembles average."""
+    sample_count(batch)
+    return task.averaged_outputs(model, _on_device_of(model, batch), tta)
+
+
+def _on_device_of(model: paddle.nn.Layer, batch):
+    place = next(iter(model.parameters())).place
+    return loaders.to_device(batch, "cpu" if place.is_cpu_place() else f"gpu:{place.gpu_device_id()}")

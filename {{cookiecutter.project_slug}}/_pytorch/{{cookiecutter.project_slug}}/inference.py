@@ -8,6 +8,7 @@ seam.Task(), or one given (a notebook's own).
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import loaders
@@ -82,3 +83,11 @@ def predict(model: torch.nn.Module, batch, task: Task | None = None) -> list:
     sample_count(batch)  # (an error of the data's code, raised in the loader, stops here)
     batch = loaders.to_device(batch, next(model.parameters()).device)
     return (task or Task()).predict_rows(model, batch)
+
+
+@torch.no_grad()
+def averaged_outputs(model: torch.nn.Module, batch, task: Task, tta: bool = False) -> np.ndarray:
+    """task.predict_outputs() on a batch of inputs (with --tta: the mean over its test-time views), on the model's
+    device: what predict.py's ensembles average."""
+    sample_count(batch)
+    return task.averaged_outputs(model, loaders.to_device(batch, next(model.parameters()).device), tta)

@@ -5,6 +5,7 @@ predict.py and the notebook call nothing else. Every batch arrives as the loader
 (here a list: images, labels), already on the model's device, in the run's precision.
 """
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 
@@ -41,9 +42,25 @@ def metrics(sums: dict, per_sample: dict, count: int) -> dict:
 
 def predict_step(model, batch) -> list:
     """One row per input of the batch (predict.py's, the notebook's): the class index and its probability."""
-    probabilities = F.softmax(model(batch).astype("float32"), axis=1)
-    chance, label = probabilities.max(axis=1), probabilities.argmax(axis=1)
-    return list(zip(label.tolist(), chance.tolist(), strict=True))
+    return rows_from_outputs(predict_outputs(model, batch))
+
+
+def predict_outputs(model, batch) -> np.ndarray:
+    """What predict.py averages over several checkpoints and test-time views (numpy, a row per input): here each
+    input's class probabilities."""
+    return F.softmax(model(batch).astype("float32"), axis=1).numpy()
+
+
+def rows_from_outputs(outputs: np.ndarray) -> list:
+    """predict_step()'s rows from class probabilities (one model's, or several averaged): the class index and its
+    probability."""
+    return [(int(row.argmax()), float(row.max())) for row in outputs]
+
+
+def test_time_views(model, batch) -> list[np.ndarray]:
+    """predict.py --tta: predict_outputs() of each view of the batch, in the inputs' own frame: the images as they
+    are, and flipped left to right."""
+    return [predict_outputs(model, batch), predict_outputs(model, paddle.flip(batch, axis=[-1]))]
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:

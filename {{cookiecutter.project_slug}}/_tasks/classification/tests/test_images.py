@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from {{ cookiecutter.project_slug }} import cli, images, seam
+from {{ cookiecutter.project_slug }} import cli, images, seam, settings, task
 from {{ cookiecutter.project_slug }}.errors import UserError
+
+if settings.FRAMEWORK == "pytorch":
+    import torch as framework
+else:
+    import paddle as framework
 
 
 def write_png(path: Path, value=128, size: int = 8, mode: str = "L") -> Path:
@@ -313,3 +318,16 @@ def test_model_option_width_widens_the_samples_hidden_layer_to_millions_of_param
     features = 64 * 4 * 4  # what the hidden layer reads: 64 channels pooled to 4 x 4
     assert parameters(wide) - parameters(build_model(10)) == (4096 - 128) * (features + 1 + 10)
     assert parameters(wide) > 4_000_000
+
+
+def test_tta_averages_the_images_and_the_images_flipped_left_to_right():
+    images = np.random.default_rng(0).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    batch = framework.from_numpy(images) if settings.FRAMEWORK == "pytorch" else framework.to_tensor(images)
+
+    def top_left_pixel(batch):  # a network that looks at one corner: flipping changes what it sees
+        return batch[:, :2, 0, 0]
+
+    plain, flipped = task.test_time_views(top_left_pixel, batch)
+    top_right = images[:, :2, 0, -1]
+    expected = np.exp(top_right) / np.exp(top_right).sum(axis=1, keepdims=True)
+    assert np.allclose(flipped, expected, atol=1e-6) and not np.allclose(plain, flipped)

@@ -58,7 +58,17 @@ def metrics(sums: dict, per_sample: dict, count: int) -> dict:
 
 def predict_step(model, batch) -> list:
     """One row per input of the batch (predict.py's, the notebook's): the predicted target, in its units."""
-    return model(batch).float().tolist()
+    return rows_from_outputs(predict_outputs(model, batch))
+
+
+def predict_outputs(model, batch) -> np.ndarray:
+    """What predict.py averages over several checkpoints (numpy, a value per input): the predicted target."""
+    return model(batch).float().cpu().numpy()
+
+
+def rows_from_outputs(outputs: np.ndarray) -> list:
+    """predict_step()'s rows from predicted targets (one model's, or several averaged)."""
+    return outputs.tolist()
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:

@@ -56,7 +56,24 @@ def metrics(sums: dict, per_sample: dict, count: int) -> dict:
 
 def predict_step(model, batch) -> list:
     """One row per image of the batch: its mask as predicted, the class index of each pixel (uint8 [S, S])."""
-    return list(model(batch).argmax(dim=1).to(torch.uint8).cpu().numpy())
+    return rows_from_outputs(predict_outputs(model, batch))
+
+
+def predict_outputs(model, batch) -> np.ndarray:
+    """What predict.py averages over several checkpoints and test-time views (numpy): each pixel's class
+    probabilities, [images, classes, S, S]."""
+    return model(batch).float().softmax(dim=1).cpu().numpy()
+
+
+def rows_from_outputs(outputs: np.ndarray) -> list:
+    """predict_step()'s masks from class probabilities (one model's, or several averaged)."""
+    return list(outputs.argmax(axis=1).astype(np.uint8))
+
+
+def test_time_views(model, batch) -> list[np.ndarray]:
+    """predict.py --tta: predict_outputs() of each view of the batch, in the images' own frame: the images as they
+    are, and flipped left to right (their masks flipped back)."""
+    return [predict_outputs(model, batch), np.flip(predict_outputs(model, batch.flip(-1)), axis=-1)]
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:

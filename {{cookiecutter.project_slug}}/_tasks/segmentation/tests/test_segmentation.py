@@ -289,3 +289,15 @@ def test_a_csv_option_with_a_folder_output_or_a_folder_named_csv_ends_in_one_lin
 
     with pytest.raises(UserError, match=named):
         task.write_predictions(str(tmp_path / output), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace(**flags))
+
+
+def test_tta_flips_the_images_and_flips_the_predicted_masks_back():
+    images = np.random.default_rng(0).standard_normal((2, 3, 6, 8)).astype(np.float32)
+
+    def first_two_channels(batch):  # a network that scores each pixel by its own values: flipping commutes with it
+        return batch[:, :2]
+
+    plain = task.predict_outputs(first_two_channels, tensor(images))
+    views = task.test_time_views(first_two_channels, tensor(images))
+
+    assert len(views) == 2 and all(np.allclose(view, plain) for view in views)  # the flipped view's masks undone

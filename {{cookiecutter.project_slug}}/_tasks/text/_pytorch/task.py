@@ -67,9 +67,19 @@ def binary_auc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 def predict_step(model, batch) -> list:
     """One row per text of the batch (predict.py's, the notebook's): the class index and its probability."""
-    probabilities = logits_of(model, batch).float().softmax(dim=1)
-    chance, label = probabilities.max(dim=1)
-    return list(zip(label.tolist(), chance.tolist(), strict=True))
+    return rows_from_outputs(predict_outputs(model, batch))
+
+
+def predict_outputs(model, batch) -> np.ndarray:
+    """What predict.py averages over several checkpoints (numpy, a row per text): each text's class
+    probabilities."""
+    return logits_of(model, batch).float().softmax(dim=1).cpu().numpy()
+
+
+def rows_from_outputs(outputs: np.ndarray) -> list:
+    """predict_step()'s rows from class probabilities (one model's, or several averaged): the class index and its
+    probability."""
+    return [(int(row.argmax()), float(row.max())) for row in outputs]
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:
