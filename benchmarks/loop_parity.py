@@ -18,7 +18,7 @@ sys.path.insert(0, project)
 from dist_train import cli, distributed, engine, loaders, seam  # noqa: E402
 from dist_train.logs import LoaderWatch  # noqa: E402
 from dist_train.preemption import StopRequest  # noqa: E402
-from dist_train.state import EpochProgress  # noqa: E402
+from dist_train.preemption import EpochProgress  # noqa: E402
 
 reference = importlib.import_module(f"reference_{framework}")
 

@@ -21,7 +21,8 @@ def predict(args) -> None:
         log = logs.setup_logging(None, env.rank)
         task = seam.Task()  # the three files a user owns, the one way to them
         # One read of the checkpoint: the model, and what predicting needs (the outputs' names, how inputs were read).
-        model, description = inference.load_with_data(args.checkpoint, env.device, task=task)
+        averaged = args.weights == "ema"  # (--weights raw: the trained weights of a run of --ema, not their average)
+        model, description = inference.load_with_data(args.checkpoint, env.device, task=task, averaged=averaged)
         source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank)
         inputs, keys = task.predict_set(source, description)
 

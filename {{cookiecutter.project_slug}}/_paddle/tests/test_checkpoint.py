@@ -17,7 +17,8 @@ from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.preemption import Stopped
-from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
+from {{ cookiecutter.project_slug }}.state import TrainingState
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
 PAIR = ["last.pdopt", "last.pdparams"]

@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 from {{ cookiecutter.project_slug }} import engine, loaders, seam
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.preemption import StopRequest
-from {{ cookiecutter.project_slug }}.state import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
 
 def cross_entropy(model, batch) -> torch.Tensor:

@@ -26,7 +26,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.project_slug }} import distributed, engine, loaders, seam
 from {{ cookiecutter.project_slug }}.preemption import StopRequest
-from {{ cookiecutter.project_slug }}.state import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
 pytestmark = pytest.mark.slow
 
