@@ -68,6 +68,7 @@ SHARED_TESTS = {
     "test_resume_flags.py",
     "test_schedule.py",
     "test_competition.py",
+    "test_ema.py",
     "test_folder_lock.py",
     "test_disk_full.py",
     "test_stalled_ranks.py",

@@ -35,6 +35,7 @@ import os
 import pickle
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,9 @@ class Checkpointer(CheckpointerBase):
             _sync((staging / LAST).with_suffix(_DATA))
             # (Without --ema, none; or an empty one, where an earlier run's averages would stay beside new weights.)
             if self._averages() or (self.directory / LAST).with_suffix(_EMA).exists():
-                _save_synced(self._averages(), (staging / LAST).with_suffix(_EMA))
+                with warnings.catch_warnings():  # paddle's that an empty one needs no saving: it does here
+                    warnings.simplefilter("ignore", UserWarning)
+                    _save_synced(self._averages(), (staging / LAST).with_suffix(_EMA))
             for copy in (["best"] if is_best else []) + ([f"epoch-{kept.epoch}"] if kept else []):
                 for written in sorted(staging.glob("last.*")):
                     shutil.copyfile(written, staging / written.name.replace("last", copy))

@@ -162,7 +162,7 @@ class Ema:
         """Go on from a checkpoint's averages, by name."""
         self.start()
         for name, average in self.averages.items():
-            paddle.assign(paddle.to_tensor(saved[name]).astype("float32"), output=average)
+            paddle.assign(saved[name], output=average)
 
     def _weights(self) -> dict[str, paddle.Tensor]:
         return {name: tensor for name, tensor in self.model.state_dict().items() if paddle.is_floating_point(tensor)}
