@@ -181,7 +181,10 @@ class CheckpointerBase:
 
     def wait_for_save(self) -> None:
         """Until a background save has been written (at the next save, a stop and the end of the run): its error,
-        a full disk as one line, is raised here. A framework's Checkpointer that saves in the background waits."""
+        a full disk as one line, is raised here."""
+        self._wait_for_save()
+
+    def _wait_for_save(self) -> None: ...  # a framework's Checkpointer that saves in the background waits here
 
     def due(self, optimizer_step: int) -> bool:
         """Whether the epoch's `optimizer_step`-th optimizer step ends with a mid-epoch save (--save-every-steps)."""
@@ -277,10 +280,6 @@ class CheckpointerBase:
             if resumed:
                 log.info("--ema: the checkpoint holds no averaged weights; the average starts at its weights")
             ema.start()
-
-    def _averages(self) -> dict:
-        """The averaged weights to save ({} without --ema)."""
-        return self.ema.averages if self.ema is not None else {}
 
     def _fitting(self, own: dict, given: dict, path: Path) -> dict:
         """The tensors of `given` that fit the model's (`own`: same name, same shape); the others are listed."""

@@ -90,10 +90,11 @@ class Checkpointer(CheckpointerBase):
             (staging / LAST).with_suffix(_DATA).write_text(json.dumps(self.data), encoding="utf-8")
             _sync((staging / LAST).with_suffix(_DATA))
             # (Without --ema, none; or an empty one, where an earlier run's averages would stay beside new weights.)
-            if self._averages() or (self.directory / LAST).with_suffix(_EMA).exists():
+            averages = self.ema.averages if self.ema else {}
+            if averages or (self.directory / LAST).with_suffix(_EMA).exists():
                 with warnings.catch_warnings():  # paddle's that an empty one needs no saving: it does here
                     warnings.simplefilter("ignore", UserWarning)
-                    _save_synced(self._averages(), (staging / LAST).with_suffix(_EMA))
+                    _save_synced(averages, (staging / LAST).with_suffix(_EMA))
             for copy in (["best"] if is_best else []) + ([f"epoch-{kept.epoch}"] if kept else []):
                 for written in sorted(staging.glob("last.*")):
                     shutil.copyfile(written, staging / written.name.replace("last", copy))
@@ -115,8 +116,8 @@ class Checkpointer(CheckpointerBase):
             _save_synced(self.optimizer.state_dict(), folder / f"optimizer-{self.env.rank}.pdopt")
             if self.env.is_main:
                 _save_synced(distributed.unwrap(self.model).state_dict(), folder / _WEIGHTS)
-                if self._averages():
-                    _save_synced(self._averages(), folder / _EMA_WEIGHTS)
+                if self.ema and self.ema.averages:
+                    _save_synced(self.ema.averages, folder / _EMA_WEIGHTS)
         except Exception as caught:
             error = caught
         failures = distributed.all_gather_object(error and ("space" if self._out_of_space(error) else repr(error)))
@@ -264,7 +265,7 @@ def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
 
 def _chosen(weights: dict, averages: dict) -> dict:
     """The model's state dict with the averages in place of its weights (in their dtypes)."""
-    return {**weights, **{name: average.astype(weights[name].dtype) for name, average in averages.items()}}
+    return weights | {name: average.astype(weights[name].dtype) for name, average in averages.items()}
 
 
 def newest(directory: Path, name: str) -> Path | None:

@@ -81,7 +81,7 @@ class Checkpointer(CheckpointerBase):
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.stepper.state_dict(),
             "scaler": self._scaler_state(),
-            "ema": self._averages(),
+            "ema": self.ema.averages if self.ema else {},
             **training,
         }
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ class Checkpointer(CheckpointerBase):
         self.wait_for_save()  # one save at a time
         folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        shards = {"model": model, "optimizer": optimizer, "ema": self._averages()}
+        shards = {"ema": self.ema.averages if self.ema else {}, "model": model, "optimizer": optimizer}
         rest = {"scheduler": self.schedule.stepper.state_dict(), "scaler": self._scaler_state(), **training}
         if not self.in_background:
             self._written(folder, rest, is_best, kept, lambda: dcp.save(shards, checkpoint_id=folder))
@@ -137,7 +137,7 @@ class Checkpointer(CheckpointerBase):
             _atomic_save(rest, folder / _TRAINING)
             save_folders.publish(self.directory, folder, is_best, kept)
 
-    def wait_for_save(self) -> None:
+    def _wait_for_save(self) -> None:
         if self._saving is not None:
             self._saving.join()
             self._saving = None
@@ -159,7 +159,7 @@ class Checkpointer(CheckpointerBase):
         # A sharded model: rank 0 alone reads the file (a folder too, whole) and sends each rank its shards of it,
         # as it sent the built network's (engine.whole_on_rank0_only()); an unsharded one: every rank reads it.
         weights = (
-            distributed.on_rank0_only(fitting, self.env, "rank 0's reading of --init-from")
+            distributed._on_rank0_only(fitting, self.env, "rank 0's reading of --init-from")
             if self._sharded
             else fitting()
         )
@@ -216,7 +216,7 @@ class Checkpointer(CheckpointerBase):
         if averaged:
             self.ema.start()  # (its tensors, which the load fills)
         with _mismatch_explained(folder):
-            dcp.load({"model": weights, "optimizer": optimizer, "ema": self.ema.averages if averaged else {}},
+            dcp.load({"ema": self.ema.averages if averaged else {}, "model": weights, "optimizer": optimizer},
                      checkpoint_id=folder)  # fmt: skip
             set_state_dict(model, self.optimizer, model_state_dict=weights, optim_state_dict=optimizer)
         return checkpoint
@@ -339,7 +339,7 @@ def _chosen(weights: dict, averages: dict | None, averaged: bool) -> dict:
     """The model's state dict with the averages in place of its weights (in their dtypes), or as it is."""
     if not (averaged and averages):
         return weights
-    return {**weights, **{name: average.to(weights[name].dtype) for name, average in averages.items()}}
+    return weights | {name: average.to(weights[name].dtype) for name, average in averages.items()}
 
 
 def export_weights(checkpoint: Path, output: Path, averaged: bool = True) -> Path:
@@ -354,7 +354,7 @@ def export_weights(checkpoint: Path, output: Path, averaged: bool = True) -> Pat
 def _sharded_weights(folder: Path, averaged: bool) -> tuple[dict, dict]:
     """The whole model of a sharded save, and its averages (--ema; if `averaged`), in this process alone (no
     collective): tensors of the sizes its metadata records, filled from every rank's shards."""
-    wanted = {"model": _stored(folder, "model"), "ema": _stored(folder, "ema") if averaged else {}}
+    wanted = {"ema": _stored(folder, "ema") if averaged else {}, "model": _stored(folder, "model")}
     with warnings.catch_warnings():  # that it reads in this process alone: as asked
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(wanted, storage_reader=dcp.FileSystemReader(folder), no_dist=True)

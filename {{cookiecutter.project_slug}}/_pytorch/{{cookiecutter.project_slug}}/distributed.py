@@ -148,7 +148,7 @@ def share_from_main(obj, waiting_for: str):
     return holder[0]
 
 
-def on_rank0_only(read, env, what: str) -> dict:
+def _on_rank0_only(read, env, what: str) -> dict:
     """`read()` on rank 0 (`what` it is), {} on the others; a UserError there (an unreadable file, weights of another
     network) ends every rank, said by rank 0, instead of leaving the others waiting for its tensors."""
     weights, problem = {}, None
