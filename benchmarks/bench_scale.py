@@ -59,7 +59,7 @@ def train(model, optimizer, saver, batch: torch.Tensor) -> tuple[float, list[flo
     seconds from its call to the end of the EVERY steps after it (the last: to the end of its wait). A run
     without saves gives the same stretches, steps only."""
     from dist_train import distributed
-    from dist_train.state import EpochProgress
+    from dist_train.preemption import EpochProgress
 
     distributed.barrier()
     started = time.perf_counter()

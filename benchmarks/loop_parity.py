@@ -17,8 +17,7 @@ project, EPOCHS, seconds_file, framework = sys.argv[1], int(sys.argv[2]), sys.ar
 sys.path.insert(0, project)
 from dist_train import cli, distributed, engine, loaders, seam  # noqa: E402
 from dist_train.logs import LoaderWatch  # noqa: E402
-from dist_train.preemption import StopRequest  # noqa: E402
-from dist_train.state import EpochProgress  # noqa: E402
+from dist_train.preemption import EpochProgress, StopRequest  # noqa: E402
 
 reference = importlib.import_module(f"reference_{framework}")
 

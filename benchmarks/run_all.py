@@ -18,6 +18,7 @@ from pathlib import Path
 
 import bench_archive
 import bench_bake
+import bench_ema
 import bench_gpu
 import bench_loop
 import bench_predict
@@ -113,7 +114,7 @@ def write_chart(loop: dict, training: dict, path: Path) -> None:
 
 def write_results(
     path: Path, info: dict, loop: dict, training: dict, archive: dict, baking: dict, checkpoint: dict, predict: dict,
-    scale: dict, gpu: dict | None, args, failed_runs: list[str],
+    scale: dict, ema: dict, gpu: dict | None, args, failed_runs: list[str],
 ) -> None:  # fmt: skip
     references = [f for f in training.values() if f["reference"]]
     drift = max(f["epoch_s"]["max"] / f["epoch_s"]["min"] for f in references)
@@ -262,6 +263,7 @@ def write_results(
         *bench_gpu.section(gpu),
         *bench_predict.section(predict),
         *bench_scale.section(scale),
+        *bench_ema.section(ema),
     ]
     path.write_text("\n".join(lines))
 
@@ -298,6 +300,7 @@ def main() -> None:
         "predict", lambda: bench_predict.measure(args.work, args.repeats, 10_000 if args.quick else 100_000)
     )
     scale = stage("scale", lambda: bench_scale.measure(args.work, max(args.repeats, 5)))
+    ema = stage("ema", lambda: bench_ema.measure(args.work, 10 if args.quick else 40))
     raw = {
         "machine": info,
         "loop": loop,
@@ -307,6 +310,7 @@ def main() -> None:
         "checkpoint": checkpoint,
         "predict": predict,
         "scale": scale,
+        "ema": ema,
     }
     (HERE / "results.json").write_text(json.dumps(raw, indent=2))
     failed_runs = training.pop("failed_runs")
@@ -314,8 +318,9 @@ def main() -> None:
     gpu_results = HERE / "results-gpu.json"  # bench_gpu.py's, from a GPU machine: no GPU runs here
     gpu = json.loads(gpu_results.read_text()) if gpu_results.exists() else None
     write_results(
-        HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, scale, gpu, args, failed_runs
-    )
+        HERE / "RESULTS.md", info, loop, training, archive, baking, checkpoint, predict, scale, ema, gpu, args,
+        failed_runs,
+    )  # fmt: skip
     print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'parity.png'}")
 
 

@@ -70,6 +70,7 @@ SHARED_TESTS = {
     "test_schedule.py",
     "test_competition.py",
     "test_submission.py",
+    "test_ema.py",
     "test_folder_lock.py",
     "test_disk_full.py",
     "test_stalled_ranks.py",

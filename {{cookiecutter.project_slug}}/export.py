@@ -3,7 +3,7 @@
 python export.py output/checkpoints/best{{ ".pt" if cookiecutter.framework == "pytorch" else ".pdparams" }} model{{ ".pt" if cookiecutter.framework == "pytorch" else ".pdparams" }}
 
 CHECKPOINT: any save run.py wrote (best or last; a file, or the folder of a sharded run's save, which it reads
-whole). OUTPUT: {% if cookiecutter.framework == "pytorch" %}torch.load(OUTPUT, weights_only=True)["model"] is the plain model's state dict{% else %}paddle.load(OUTPUT) is the plain model's state dict{% endif %}.
+whole); with --weights raw the trained weights of a run of --ema rather than their average. OUTPUT: {% if cookiecutter.framework == "pytorch" %}torch.load(OUTPUT, weights_only=True)["model"] is the plain model's state dict{% else %}paddle.load(OUTPUT) is the plain model's state dict{% endif %}.
 """
 
 from pathlib import Path
@@ -19,13 +19,14 @@ def parse_args():
     )
     parser.add_argument("checkpoint", help="a save run.py wrote: OUTPUT_DIR/checkpoints/best.*, last.*, best, last")
     parser.add_argument("output", help="the file to write: the model's state dict alone")
+    cli.add_weights_flag(parser, "exporting")
     return parser.parse_args()
 
 
 if __name__ == "__main__":
     args = parse_args()
     try:
-        written = checkpoint.export_weights(Path(args.checkpoint), Path(args.output))
+        written = checkpoint.export_weights(Path(args.checkpoint), Path(args.output), args.weights == "ema")
     except UserError as error:
         raise SystemExit(f"error: {error}") from None
     print(f"exported the model of {args.checkpoint}: {written}")

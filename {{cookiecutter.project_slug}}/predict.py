@@ -32,7 +32,8 @@ def predict(args) -> None:
         for checkpoint in checkpoints:
             # One read of the checkpoint: the model, and what predicting needs (the outputs' names, how inputs were
             # read: each model of an ensemble reads the inputs as its own training did).
-            model, own = inference.load_with_data(checkpoint, env.device, task=task)
+            # (--weights raw: the trained weights of a run of --ema, not their average)
+            model, own = inference.load_with_data(checkpoint, env.device, task=task, averaged=args.weights == "ema")
             description = description or own
             if own.get("num_classes") != description.get("num_classes"):
                 raise UserError(

@@ -112,6 +112,14 @@ def three_folds(tmp_path_factory, project_root) -> tuple[Path, str]:
     return output, run_sh(project_root, output, "--folds", "3", "--epochs", "2")
 
 
+@pytest.fixture(scope="session")
+def averaged_run(tmp_path_factory, project_root) -> Path:
+    """2 epochs of --ema 0.9 on 2 processes, uninterrupted, each epoch's save kept (--keep-best 2): its output."""
+    output = tmp_path_factory.mktemp("averaged") / "output"
+    run_sh(project_root, output, "--epochs", "2", "--ema", "0.9", "--keep-best", "2")
+    return output
+
+
 def default_data_sizes(folder: Path) -> tuple[int, int]:
     """(training samples, validation samples) of the data the project trains on by default, as data.py reads it
     (a dataset=zip project's sample extracted into `folder`, not into the project's data/)."""

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from {{ cookiecutter.project_slug }} import errors, preemption
-from {{ cookiecutter.project_slug }}.state import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
 
 class OneProcess:

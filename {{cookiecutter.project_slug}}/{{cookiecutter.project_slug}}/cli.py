@@ -42,6 +42,7 @@ positive_seconds = number(float, lambda value: 0 < value < math.inf, "a number o
 positive_number = number(float, lambda value: 0 < value < math.inf, "a number above 0", "positive_number")
 non_negative_number = number(float, lambda value: 0 <= value < math.inf, "a number, 0 or more", "non_negative_number")
 fraction = number(float, lambda value: 0 < value < 1, "between 0 and 1 (exclusive)", "fraction")
+decay = number(float, lambda value: 0 <= value < 1, "at least 0 and below 1", "decay")
 
 
 def model_option(text: str) -> tuple[str, object]:
@@ -115,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--min-delta", type=non_negative_number, default=0.0, metavar="D", help="with --patience: the least improvement"
+    )
+    parser.add_argument(
+        "--ema",
+        type=decay,
+        metavar="DECAY",
+        help="average the weights after every optimizer step (ema = DECAY x ema + (1 - DECAY) x weights, e.g. "
+        "0.999): validation, best.*, --patience and --keep-best use the averages; checkpoints hold both; a resumed "
+        "run goes on with its own DECAY unless given",
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument(
@@ -272,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--check", action="store_true", help="train nothing: check that this job can start, on every machine (README)"
     )
+    add_weights_flag(parser, "--evaluate")
     add_process_flags(parser)
     # What ModelArts passes to the boot file (modelarts.py, README.md).
     modelarts = parser.add_argument_group("ModelArts")
@@ -343,6 +353,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
         "--output", help="the file (or folder) to write, by rank 0 (default: task.write_predictions()'s)"
     )
     task_options.add(parser, "PREDICT_OPTIONS", TYPES)
+    add_weights_flag(parser, "predicting")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="inputs per forward pass")
     parser.add_argument(
         "--workers",
@@ -352,6 +363,17 @@ def build_predict_parser() -> argparse.ArgumentParser:
     )
     add_process_flags(parser)
     return parser
+
+
+def add_weights_flag(parser: argparse.ArgumentParser, use: str) -> None:
+    """--weights: which of a checkpoint's weights `use` (--evaluate, predicting, exporting) takes."""
+    parser.add_argument(
+        "--weights",
+        choices=("ema", "raw"),
+        default="ema",
+        help=f"ema: {use} uses the checkpoint's averaged weights where it holds them (a run of --ema); raw: the "
+        "trained ones",
+    )
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:

@@ -160,7 +160,8 @@ def predict_out_of_fold(args, checkpoints, model, val_loader, val_set: Part, env
     if args.folds is None or finished(args.folds_dir, args.fold):
         return
     checkpoints.load_best()
-    parts = engine.out_of_fold(model, val_loader, env, task, amp_dtype)
+    with checkpoints.ema.swapped():  # (--ema: the averaged weights, as validation used them)
+        parts = engine.out_of_fold(model, val_loader, env, task, amp_dtype)
     if env.is_main:
         write_out_of_fold(Path(args.output_dir), args.fold, val_set, parts, task, checkpoints.data)
 

@@ -19,14 +19,34 @@ import math
 import signal
 import sys
 import time
+from dataclasses import asdict, dataclass
 
 from . import distributed
 from .errors import STOPPED_STATUS, UserError
-from .state import EpochProgress
 
 log = logging.getLogger(__name__)
 
 VOTES_PER_SECOND = 1
+
+
+@dataclass
+class EpochProgress:
+    """How far this rank is into an epoch: the batches it has trained on, their loss sum and sample count, and
+    the samples of the epoch's order all ranks together have trained (`consumed`, the same on every rank)."""
+
+    step: int = 0
+    loss_sum: float = 0.0
+    seen: int = 0
+    consumed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def batches_done(self, batch_size: int, world_size: int) -> int:
+        """The epoch's batches done before a pass of `world_size` processes: the stop's own step on as many
+        processes, or on another number (step 0 then) as many batches of this run as its samples make, so the
+        steps of the epoch count on from there."""
+        return self.step or self.consumed // (batch_size * world_size)
 
 
 class Stopped(Exception):

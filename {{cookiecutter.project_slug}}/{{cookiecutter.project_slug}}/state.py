@@ -9,11 +9,12 @@ rank agree on where a resumed run starts.
 import logging
 import math
 import shutil
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import distributed, elastic, save_folders
 from .errors import UserError, bytes_of, disk_full, no_space_line
+from .preemption import EpochProgress
 
 log = logging.getLogger(__name__)
 
@@ -50,26 +51,6 @@ class Schedule:
 
 
 @dataclass
-class EpochProgress:
-    """How far this rank is into an epoch: the batches it has trained on, their loss sum and sample count, and
-    the samples of the epoch's order all ranks together have trained (`consumed`, the same on every rank)."""
-
-    step: int = 0
-    loss_sum: float = 0.0
-    seen: int = 0
-    consumed: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def batches_done(self, batch_size: int, world_size: int) -> int:
-        """The epoch's batches done before a pass of `world_size` processes: the stop's own step on as many
-        processes, or on another number (step 0 then) as many batches of this run as its samples make, so the
-        steps of the epoch count on from there."""
-        return self.step or self.consumed // (batch_size * world_size)
-
-
-@dataclass
 class TrainingState:
     """Epochs done, the best value so far of the metric that picks best.* (None: no finite one yet), and this rank's
     progress into the next epoch."""
@@ -92,6 +73,7 @@ class TrainingState:
     position: float | None = field(default=None, compare=False)
     warmup_epochs: float = 0.0
     stale_epochs: int = 0  # epochs in a row whose best metric did not improve by more than --min-delta
+    ema_decay: float | None = None  # --ema's (None: the weights are not averaged)
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -188,6 +170,7 @@ class CheckpointerBase:
         self.every_steps: int | None = None  # --save-every-steps
         self.keep_best: int | None = None  # --keep-best
         self.in_background = False  # save_in_background()
+        self.ema = None  # the framework's engine.Ema (--ema)
 
     def save_in_background(self, asked: bool | None) -> None:
         """--save-async: saves written while training goes on (None: where each rank saves its shards)."""
@@ -201,8 +184,7 @@ class CheckpointerBase:
         a full disk as one line, is raised here."""
         self._wait_for_save()
 
-    def _wait_for_save(self) -> None:
-        """A framework's Checkpointer that saves in the background waits here."""
+    def _wait_for_save(self) -> None: ...  # a framework's Checkpointer that saves in the background waits here
 
     def due(self, optimizer_step: int) -> bool:
         """Whether the epoch's `optimizer_step`-th optimizer step ends with a mid-epoch save (--save-every-steps)."""
@@ -254,6 +236,7 @@ class CheckpointerBase:
                     "sharded save's folder"
                 )
             self._init_weights(Path(init_from))
+        self._place_ema(loaded is not None)
         points = distributed.all_gather_object((self.state.epochs_done, self.state.progress.step))
         if len(set(points)) > 1:
             raise UserError(
@@ -282,6 +265,21 @@ class CheckpointerBase:
                 log.info("--warmup-epochs %g replaces the resumed run's %g", warmup_epochs, state.warmup_epochs)
             state.warmup_epochs = warmup_epochs
         schedule.warmup = state.warmup_epochs
+
+    def _place_ema(self, resumed: bool) -> None:
+        """--ema's decay: the one given, else the resumed run's (said either way); the average starts at the weights
+        where the checkpoint holds none (said)."""
+        ema, saved = self.ema, self.state.ema_decay
+        if ema is None:
+            return
+        if saved is not None and ema.decay != saved:
+            given = "this run goes on with" if ema.decay is None else f"--ema {ema.decay:g} replaces"
+            log.info("%s the resumed run's --ema %g", given, saved)
+        ema.decay = self.state.ema_decay = saved if ema.decay is None else ema.decay
+        if ema.decay is not None and not ema.active:
+            if resumed:
+                log.info("--ema: the checkpoint holds no averaged weights; the average starts at its weights")
+            ema.start()
 
     def _fitting(self, own: dict, given: dict, path: Path) -> dict:
         """The tensors of `given` that fit the model's (`own`: same name, same shape); the others are listed."""
@@ -321,6 +319,7 @@ class CheckpointerBase:
                 "position": self.schedule.position,
                 "warmup_epochs": state.warmup_epochs,
                 "stale_epochs": state.stale_epochs,
+                "ema_decay": state.ema_decay,
             }
             problem = self._write_unless_disk_full(training, is_best, kept)
         # The others wait here, not at the next step's collective: a long save must not run into its timeout.
@@ -383,7 +382,7 @@ class CheckpointerBase:
             saved["epoch"], best_value, progress,
             saved.get("global_batch_size"), saved.get("grad_accum", 1), saved.get("amp_dtype"), saved.get("base_lr"),
             saved.get("best_metric", FIRST_BEST[0]), saved.get("best_mode", FIRST_BEST[1]), saved.get("position"),
-            saved.get("warmup_epochs", 0.0), saved.get("stale_epochs", 0),
+            saved.get("warmup_epochs", 0.0), saved.get("stale_epochs", 0), saved.get("ema_decay"),
         )  # fmt: skip
 
     def _moved(self, saved: list[dict]) -> EpochProgress:

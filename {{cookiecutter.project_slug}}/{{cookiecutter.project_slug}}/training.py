@@ -66,11 +66,13 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, schedule, scaler, data, best)
         checkpoints.every_steps, checkpoints.keep_best = args.save_every_steps, args.keep_best
         checkpoints.save_in_background(args.save_async)
+        checkpoints.ema = ema = engine.Ema(model, args.ema)  # started by resume() under --ema, or the checkpoint's
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
         state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
-            _evaluate(model, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
+            with ema.swapped(args.weights == "ema"):  # (--weights raw: the trained weights)
+                _evaluate(model, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
             return
         engine.check_task(model, val_loader, env, task, amp_dtype)  # metrics() on two batches: its mistakes now
         args.grad_accum = state.plan_batches(args.batch_size, env.world_size, args.grad_accum, args.global_batch_size)
@@ -101,9 +103,11 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
                     model, train_loader, optimizer, scaler, env, epoch, state.progress, stop, task,
                     grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
                     amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints, schedule=schedule,
+                    ema=ema,
                 )  # fmt: skip
                 with engine.collective_timeouts(f"epoch {epoch}'s validation and save", env):
-                    val_stats = engine.evaluate(model, val_loader, env, task, amp_dtype)
+                    with ema.swapped():  # validation, and so best.*, --patience and --keep-best: the averaged weights
+                        val_stats = engine.evaluate(model, val_loader, env, task, amp_dtype)
                     tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
                     checkpoints.end_epoch(epoch, val_stats, args.min_delta)
                     stop.after_epoch(env, epoch, args.epochs)

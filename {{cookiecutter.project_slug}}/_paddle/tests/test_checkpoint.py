@@ -1,6 +1,7 @@
 """Checkpoints are a consistent pair that holds everything a resumed run needs and never a broken file."""
 
 import json
+import logging
 import math
 import os
 import random
@@ -16,8 +17,8 @@ from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.preemption import Stopped
-from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, Stopped
+from {{ cookiecutter.project_slug }}.state import TrainingState
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
 PAIR = ["last.pdopt", "last.pdparams"]
@@ -528,3 +529,112 @@ def test_a_checkpoint_without_loss_scaling_resumes_a_run_with_it_on_a_fresh_scal
     assert resumer.resume("auto").epochs_done == 1
 
     assert resumer.scaler._init_loss_scaling == paddle.amp.GradScaler(enable=False)._init_loss_scaling
+
+
+def averaging(saver: Checkpointer, decay: float | None = 0.9) -> Checkpointer:
+    """`saver` of a run of --ema `decay` (None: a run without the flag), started as resume() starts it."""
+    saver.ema = engine.Ema(saver.model, decay)
+    return saver
+
+
+def take_averaged_steps(saver: Checkpointer, steps: int = 3, seed: int = 0) -> None:
+    for step in range(steps):
+        take_steps(saver, 1, seed=seed + step)
+        saver.ema.update()
+
+
+def averages_of(saver: Checkpointer) -> dict:
+    return {name: average.numpy().copy() for name, average in saver.ema.averages.items()}
+
+
+def test_the_average_moves_one_minus_decay_towards_the_weights_and_statistics_at_each_step_in_float32(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path, wrap=lambda linear: nn.Sequential(linear, nn.BatchNorm1D(3))))
+    saver.resume("none")  # the average starts at the weights
+    before = averages_of(saver)
+
+    take_averaged_steps(saver, 1)
+
+    weights = weights_of(saver.model)
+    assert sorted(before) == sorted(weights) and "1._mean" in weights  # batch norm's statistics too
+    for name, average in saver.ema.averages.items():
+        assert average.dtype == paddle.float32
+        np.testing.assert_allclose(average.numpy(), 0.9 * before[name] + 0.1 * weights[name], rtol=1e-6, atol=1e-7)
+
+
+def test_ema_0_averages_to_exactly_the_weights(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path), 0.0)
+    saver.resume("none")
+    take_averaged_steps(saver)
+    assert_same_weights(averages_of(saver), weights_of(saver.model))
+
+
+def test_validation_sees_the_averages_in_the_models_own_tensors_and_training_goes_on_with_its_weights(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path))
+    saver.resume("none")
+    take_averaged_steps(saver)
+    weight, trained = saver.model.weight, saver.model.weight.numpy().copy()
+
+    with saver.ema.swapped():
+        assert saver.model.weight is weight  # in place: no second model
+        np.testing.assert_array_equal(weight.numpy(), averages_of(saver)["weight"])
+    np.testing.assert_array_equal(weight.numpy(), trained)
+    assert not np.array_equal(trained, averages_of(saver)["weight"])
+
+
+def test_a_stop_saves_both_weights_and_its_resume_goes_on_averaging_as_if_never_stopped(tmp_path, caplog):
+    saver = averaging(build_checkpointer(tmp_path))
+    saver.resume("none")
+    take_averaged_steps(saver, 2)
+    saver.save_progress(EpochProgress(step=2, consumed=16))  # as a SIGTERM stop saves
+    assert_same_weights(paddle.load(str(tmp_path / "last.pdema")), averages_of(saver))
+    # predict.py and export.py: the averages, or with --weights raw the trained weights.
+    assert_same_weights(checkpoint.read_weights(tmp_path / "last.pdparams")[0], averages_of(saver))
+    assert_same_weights(checkpoint.read_weights(tmp_path / "last.pdparams", averaged=False)[0], weights_of(saver.model))
+    take_averaged_steps(saver, 2, seed=5)  # the uninterrupted run
+
+    resumed = averaging(build_checkpointer(tmp_path), decay=None)  # resumed without --ema
+    with caplog.at_level(logging.INFO):
+        assert resumed.resume("auto").ema_decay == 0.9
+    take_averaged_steps(resumed, 2, seed=5)
+
+    assert "this run goes on with the resumed run's --ema 0.9" in caplog.text
+    assert_same_weights(averages_of(resumed), averages_of(saver))
+
+
+def test_ema_on_a_resume_of_a_checkpoint_without_averages_starts_them_at_its_weights_and_says_so(tmp_path, caplog):
+    saver = build_checkpointer(tmp_path)  # a run without --ema, or of a version before it
+    take_steps(saver)
+    save_epoch(saver, 1, 0.5, True)
+    assert not (tmp_path / "last.pdema").exists()
+
+    resumed = averaging(build_checkpointer(tmp_path), 0.99)
+    with caplog.at_level(logging.INFO):
+        resumed.resume("auto")
+
+    assert "the checkpoint holds no averaged weights; the average starts at its weights" in caplog.text
+    assert_same_weights(averages_of(resumed), weights_of(saver.model))
+
+
+def test_a_new_run_without_ema_in_the_folder_of_one_with_it_leaves_no_averages_for_predict_to_take(tmp_path):
+    averaged = averaging(build_checkpointer(tmp_path))
+    averaged.resume("none")
+    take_averaged_steps(averaged)
+    save_epoch(averaged, 1, 0.5, True)
+
+    fresh = averaging(build_checkpointer(tmp_path), None)
+    fresh.resume("none")
+    take_steps(fresh)
+    save_epoch(fresh, 1, 0.5, True)
+
+    for name in ("last", "best"):
+        assert_same_weights(checkpoint.read_weights(tmp_path / f"{name}.pdparams")[0], weights_of(fresh.model))
+
+
+def test_ema_under_sharding_stages_2_and_3_is_refused_in_one_line(tmp_path):
+    class GroupShardedStage3(nn.Layer):  # the name of group_sharded_parallel()'s wrapper (GPUs only)
+        def __init__(self, layer):
+            super().__init__()
+            self._layer = layer
+
+    with pytest.raises(UserError, match="--ema under --sharding-stage 2 or 3 is not supported yet"):
+        engine.Ema(GroupShardedStage3(nn.Linear(4, 3)), 0.9).start()

@@ -14,8 +14,8 @@ from paddle.io import TensorDataset
 
 from {{ cookiecutter.project_slug }} import engine, loaders, seam
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
-from {{ cookiecutter.project_slug }}.preemption import StopRequest
-from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, StopRequest
+from {{ cookiecutter.project_slug }}.state import TrainingState
 
 ENV = DistEnv(0, 0, 1, CPU)
 

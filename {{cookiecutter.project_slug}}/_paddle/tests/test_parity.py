@@ -23,8 +23,8 @@ from paddle import nn
 from paddle.io import TensorDataset
 
 from {{ cookiecutter.project_slug }} import distributed, engine, loaders, seam
-from {{ cookiecutter.project_slug }}.preemption import StopRequest
-from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, StopRequest
+from {{ cookiecutter.project_slug }}.state import TrainingState
 
 pytestmark = pytest.mark.slow
 

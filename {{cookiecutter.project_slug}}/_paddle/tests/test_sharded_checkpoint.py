@@ -112,6 +112,18 @@ def save_with_a_full_disk_on_rank_1(directory: str, out_dir: str) -> None:
         Path(out_dir, f"error{saver.env.rank}.txt").write_text(str(error), encoding="utf-8")
 
 
+def average_and_save(directory: str, out_dir: str) -> None:
+    """A run of --ema 0.9 under stage 1: each rank reports its averages."""
+    saver = build(Path(directory), STAGE_1)
+    saver.ema = engine.Ema(saver.model, 0.9)
+    saver.resume("none")
+    for _ in range(3):
+        take_steps(saver, 1)
+        saver.ema.update()
+    save_epoch(saver, 1, 0.9)
+    save_state(out_dir, saver.env.rank, {name: value.numpy() for name, value in saver.ema.averages.items()})
+
+
 @pytest.fixture
 def folders(tmp_path) -> tuple[Path, Path]:
     (tmp_path / "out").mkdir()
@@ -191,3 +203,21 @@ def test_a_sharded_save_exports_and_predicts_as_a_file(folders, tmp_path):
     os.utime(directory / "best" / "training.pdopt", (1, 1))  # a file form newer than the folder wins
     paddle.save(weights, str(directory / checkpoint.BEST))
     assert checkpoint.newest(directory, checkpoint.BEST) == directory / checkpoint.BEST
+
+
+def test_under_stage_1_every_rank_averages_the_whole_parameters_which_the_save_holds_beside_the_weights(folders):
+    directory, out = folders
+    in_ranks(average_and_save, 2, str(directory), str(out))
+    ranks = read_states(out, 2)
+
+    assert ranks[0].keys() == ranks[1].keys() == set(paddle.load(str(directory / "best" / "model.pdparams")))
+    for name, average in ranks[0].items():
+        np.testing.assert_array_equal(ranks[1][name], average)  # the same whole average on every rank
+    assert (directory / "best" / "ema.pdparams").is_file()
+    for name, average in checkpoint.read_weights(directory / "best")[0].items():
+        np.testing.assert_array_equal(average.numpy(), ranks[0][name])  # predict.py's and export.py's weights
+    saver = build(directory, "ddp")  # one process: the averages go on
+    saver.ema = engine.Ema(saver.model, None)
+    assert saver.resume("auto").ema_decay == 0.9
+    for name, average in saver.ema.averages.items():
+        np.testing.assert_array_equal(average.numpy(), ranks[0][name])

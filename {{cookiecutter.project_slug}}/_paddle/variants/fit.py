@@ -8,7 +8,7 @@ loop (engine.train_one_epoch) does: it reshuffles the data, logs the loss (to th
 too), sums the loss and samples over all ranks and hands them to the caller's end-of-epoch
 function (validation, metrics, checkpoints); after each optimizer step it asks whether a
 SIGTERM stops the run, and then raises preemption.Stopped, as the basic loop does, or else whether a mid-epoch
-checkpoint is due (--save-every-steps).
+checkpoint is due (--save-every-steps); it advances the schedule and the average of --ema after each.
 """
 
 import logging
@@ -25,9 +25,9 @@ from . import distributed, engine, loaders
 from .batches import sample_count
 from .distributed import DistEnv
 from .logs import LoaderWatch, LossLog
-from .preemption import Diverged, Stopped, StopRequest
+from .preemption import Diverged, EpochProgress, Stopped, StopRequest
 from .seam import Task
-from .state import EpochProgress, Schedule, TrainingState
+from .state import Schedule, TrainingState
 from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -112,18 +112,18 @@ class EpochEnd(paddle.callbacks.Callback):
     the epoch trained with, as the basic loop's train_one_epoch() returns them. fit() counts its
     epochs from 0; the epochs here continue `state`: epochs_done + 1, ..., the first of them after
     `state.progress.consumed` samples of its order when a stopped epoch goes on. `saves` (the Checkpointer)
-    writes the mid-epoch checkpoints of --save-every-steps; `schedule` (engine.cosine_schedule()'s) is advanced
-    after every optimizer step.
+    writes the mid-epoch checkpoints of --save-every-steps; `schedule` (engine.cosine_schedule()'s) and `ema`
+    (engine.Ema, --ema) are advanced after every optimizer step.
     """
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
         grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
-        saves=None, schedule: Schedule | None = None,
+        saves=None, schedule: Schedule | None = None, ema: engine.Ema | None = None,
     ):  # fmt: skip
         super().__init__()
         self.loader, self.env, self.stop, self.end_epoch, self.saves = loader, env, stop, end_epoch, saves
-        self.schedule = schedule
+        self.schedule, self.ema = schedule, ema
         self.first_epoch, self.progress = state.epochs_done, replace(state.progress)
         self.grad_accum, self.log_every, self.tracker = grad_accum, log_every, tracker
         # fit() reads the batches itself: the wait for one is the time from the end of a step to the next begin.
@@ -156,8 +156,11 @@ class EpochEnd(paddle.callbacks.Callback):
         progress.step += 1
         self.loss_log.step(progress.step, progress.loss_sum, progress.seen)
         stepped = (progress.step - self.first_step) % self.grad_accum == 0  # fit() steps every --grad-accum batches
-        if (stepped or progress.step == self.steps) and self.schedule is not None:
-            self.schedule.advance(self.epoch - 1 + progress.step / self.steps)
+        if stepped or progress.step == self.steps:  # an optimizer step
+            if self.schedule is not None:
+                self.schedule.advance(self.epoch - 1 + progress.step / self.steps)
+            if self.ema is not None:
+                self.ema.update()
         # The last step needs no check.
         if stepped and progress.step < self.steps:
             sampler = loaders.train_sampler(self.loader)

@@ -85,11 +85,13 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         )  # fmt: skip
         checkpoints.every_steps, checkpoints.keep_best = args.save_every_steps, args.keep_best
         checkpoints.save_in_background(args.save_async)
+        checkpoints.ema = ema = engine.Ema(network, args.ema)  # started by resume() under --ema, or the checkpoint's
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
         state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
-            _evaluate(network, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
+            with ema.swapped(args.weights == "ema"):  # (--weights raw: the trained weights)
+                _evaluate(network, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
             return
         engine.check_task(
             network, val_loader, env, task, amp_dtype
@@ -114,7 +116,8 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
-            val_stats = engine.evaluate(network, val_loader, env, task, amp_dtype)
+            with ema.swapped():  # validation, and so best.*, --patience and --keep-best: the averaged weights
+                val_stats = engine.evaluate(network, val_loader, env, task, amp_dtype)
             tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
             checkpoints.end_epoch(epoch, val_stats, args.min_delta)
             stop.after_epoch(env, epoch, args.epochs)
@@ -128,7 +131,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
             elif not state.stops_early(args.patience):  # (a rerun of a stopped run trains nothing)
                 epoch_end = fit.EpochEnd(
                     train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch,
-                    saves=checkpoints, schedule=schedule,
+                    saves=checkpoints, schedule=schedule, ema=ema,
                 )  # fmt: skip
                 # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
                 out_of_memory_is_a_user_error(MemoryError)(model.fit)(

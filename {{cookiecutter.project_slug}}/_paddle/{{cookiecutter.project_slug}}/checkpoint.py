@@ -35,6 +35,7 @@ import os
 import pickle
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ _DATA = ".json"  # and the data description: predict.py reads it without the opt
 _SAVING, _SAVED = ".saving", ".saved"
 _FOLDERS = {LAST: "last", BEST: "best"}  # the links to sharded saves' folders
 _WEIGHTS, _TRAINING = "model.pdparams", "training.pdopt"  # in a sharded save's folder, beside optimizer-<rank>
+_EMA, _EMA_WEIGHTS = ".pdema", "ema.pdparams"  # --ema's averaged weights: beside each .pdparams, in a sharded save
 
 
 class Checkpointer(CheckpointerBase):
@@ -91,9 +93,15 @@ class Checkpointer(CheckpointerBase):
             _save_synced(training, (staging / LAST).with_suffix(_STATE))
             (staging / LAST).with_suffix(_DATA).write_text(json.dumps(self.data), encoding="utf-8")
             _sync((staging / LAST).with_suffix(_DATA))
+            # (Without --ema, none; or an empty one, where an earlier run's averages would stay beside new weights.)
+            averages = self.ema.averages if self.ema else {}
+            if averages or (self.directory / LAST).with_suffix(_EMA).exists():
+                with warnings.catch_warnings():  # paddle's that an empty one needs no saving: it does here
+                    warnings.simplefilter("ignore", UserWarning)
+                    _save_synced(averages, (staging / LAST).with_suffix(_EMA))
             for copy in (["best"] if is_best else []) + ([f"epoch-{kept.epoch}"] if kept else []):
-                for name in (LAST, Path(LAST).with_suffix(_STATE).name, Path(LAST).with_suffix(_DATA).name):
-                    shutil.copyfile(staging / name, staging / name.replace("last", copy))
+                for written in sorted(staging.glob("last.*")):
+                    shutil.copyfile(written, staging / written.name.replace("last", copy))
             staging.rename(self.directory / _SAVED)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
@@ -112,6 +120,8 @@ class Checkpointer(CheckpointerBase):
             _save_synced(self.optimizer.state_dict(), folder / f"optimizer-{self.env.rank}.pdopt")
             if self.env.is_main:
                 _save_synced(distributed.unwrap(self.model).state_dict(), folder / _WEIGHTS)
+                if self.ema and self.ema.averages:
+                    _save_synced(self.ema.averages, folder / _EMA_WEIGHTS)
         except Exception as caught:
             error = caught
         failures = distributed.all_gather_object(error and ("space" if self._out_of_space(error) else repr(error)))
@@ -160,6 +170,8 @@ class Checkpointer(CheckpointerBase):
             )
         model.set_state_dict(weights)
         self.optimizer.set_state_dict(state["optimizer"])  # a sharded optimizer keeps its own part
+        if state["ema"] and self.ema is not None:
+            self.ema.load(state["ema"])
         # A run without loss scaling (CPU, --no-amp) saved {}: the scaler starts afresh then.
         if self.scaler is not None and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -215,7 +227,7 @@ def _read_file(path: Path) -> tuple[dict, dict]:
             f"pass --resume with a {LAST} or {BEST}, or start in a new --output-dir "
             "(to start from these weights, set_state_dict() them in build_model())"
         )
-    return _load_file(weights_path), _load_file(state_path)
+    return _load_file(weights_path), {**_load_file(state_path), "ema": _averages_of(weights_path)}
 
 
 def _read_parts(folder: Path) -> tuple[dict, dict]:
@@ -224,14 +236,22 @@ def _read_parts(folder: Path) -> tuple[dict, dict]:
     optimizer = {}
     for part in sorted(folder.glob("optimizer-*.pdopt")):
         optimizer.update(_load_file(part))
-    return _load_file(folder / _WEIGHTS), {**training, "optimizer": optimizer}
+    return _load_file(folder / _WEIGHTS), {**training, "optimizer": optimizer, "ema": _averages_of(folder)}
 
 
-def read_weights(checkpoint: Path) -> tuple[dict, dict]:
+def _averages_of(checkpoint: Path) -> dict:
+    """--ema's averaged weights beside a .pdparams, or in a sharded save's folder ({} where there are none)."""
+    path = checkpoint / _EMA_WEIGHTS if checkpoint.is_dir() else checkpoint.with_suffix(_EMA)
+    return _load_file(path) if path.is_file() else {}
+
+
+def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
     """The model weights of a .pdparams file, and the data description (seam.data_description()) in the .json
-    beside it, if there is one; or both of a sharded save's folder."""
+    beside it, if there is one; or both of a sharded save's folder. The weights are the averaged ones of --ema
+    where the checkpoint holds them, unless not `averaged` (--weights raw)."""
     if checkpoint.is_dir():
-        return _load_file(checkpoint / _WEIGHTS), _load_file(checkpoint / _TRAINING)["data"]
+        weights = _chosen(_load_file(checkpoint / _WEIGHTS), _averages_of(checkpoint) if averaged else {})
+        return weights, _load_file(checkpoint / _TRAINING)["data"]
     if not checkpoint.is_file():
         raise UserError(
             f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
@@ -244,7 +264,12 @@ def read_weights(checkpoint: Path) -> tuple[dict, dict]:
         raise UserError(f"checkpoint {checkpoint} is corrupt or unreadable ({error.__class__.__name__})") from None
     if not isinstance(weights, dict) or not weights:
         raise UserError(f"{checkpoint} holds no model weights: pass a last.pdparams or best.pdparams that run.py wrote")
-    return weights, data if isinstance(data, dict) else {}
+    return _chosen(weights, _averages_of(checkpoint) if averaged else {}), data if isinstance(data, dict) else {}
+
+
+def _chosen(weights: dict, averages: dict) -> dict:
+    """The model's state dict with the averages in place of its weights (in their dtypes)."""
+    return weights | {name: average.astype(weights[name].dtype) for name, average in averages.items()}
 
 
 def newest(directory: Path, name: str) -> Path | None:
@@ -252,10 +277,10 @@ def newest(directory: Path, name: str) -> Path | None:
     return save_folders.newest(directory / name, directory / _FOLDERS[name], _TRAINING)
 
 
-def export_weights(checkpoint: Path, output: Path) -> Path:
-    """export.py: the model weights of `checkpoint` as one .pdparams (its data description in the .json beside
-    it, so predict.py takes it too); returns the file written."""
-    weights, data = read_weights(checkpoint)
+def export_weights(checkpoint: Path, output: Path, averaged: bool = True) -> Path:
+    """export.py: the model weights of `checkpoint` (its averages under --ema, unless not `averaged`) as one
+    .pdparams (its data description in the .json beside it, so predict.py takes it too); returns the file written."""
+    weights, data = read_weights(checkpoint, averaged)
     output.parent.mkdir(parents=True, exist_ok=True)
     paddle.save(weights, str(output))
     output.with_suffix(_DATA).write_text(json.dumps(data), encoding="utf-8")

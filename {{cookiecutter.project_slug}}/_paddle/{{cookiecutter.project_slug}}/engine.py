@@ -23,11 +23,11 @@ from paddle.io import DataLoader
 from . import distributed, hardware, loaders, roll_call, sharding
 from .batches import sample_count
 from .distributed import DistEnv
-from .errors import out_of_memory_is_a_user_error
+from .errors import UserError, out_of_memory_is_a_user_error
 from .logs import LoaderWatch, LossLog, progress_bar
-from .preemption import Diverged, Stopped, StopRequest
+from .preemption import Diverged, EpochProgress, Stopped, StopRequest
 from .seam import Task
-from .state import EpochProgress, Schedule
+from .state import Schedule
 from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, task: Task, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
     watch: LoaderWatch | None = None, amp_dtype: str | None = None, clip_grad_norm: float | None = None,
-    saves=None, schedule: Schedule | None = None,
+    saves=None, schedule: Schedule | None = None, ema: "Ema | None" = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
     the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
@@ -50,6 +50,7 @@ def train_one_epoch(
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker` (logs.LossLog).
     `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     `schedule` (cosine_schedule()'s) sets the rate after every optimizer step; "lr" is the rate the pass began at.
+    `ema` (--ema) averages the weights after every optimizer step.
     """
     model.train()
     sampler = loaders.train_sampler(loader)
@@ -87,6 +88,8 @@ def train_one_epoch(
                 optimizer.clear_grad()
                 if schedule is not None:
                     schedule.advance(epoch - 1 + step / steps)
+                if ema is not None:
+                    ema.update()
             loss_sum += loss.detach().astype("float32").reshape([]) * count
             seen += count
             loss_log.step(step, loss_sum, seen)
@@ -103,6 +106,66 @@ def train_one_epoch(
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
     samples = int(total_seen) - sampler.padding
     return {"loss": total_loss / total_seen, "samples": samples, "lr": lr, "data_wait": watch.data_wait}
+
+
+class Ema:
+    """--ema DECAY: after every optimizer step, averages = DECAY * averages + (1 - DECAY) * weights, over the
+    floating-point tensors of the model's state dict (its parameters, batch norm's statistics), kept in float32 (a
+    decay near 1 makes each update too small for lower precisions). Under --strategy sharding stage 1 every rank
+    holds the whole parameters and averages them. Before start() (a run without --ema) it holds nothing and does
+    nothing."""
+
+    def __init__(self, model, decay: float | None = None):
+        self.wrapper, self.model, self.decay = model, distributed.unwrap(model), decay
+        self.averages: dict[str, paddle.Tensor] = {}  # by state dict name
+
+    @property
+    def active(self) -> bool:
+        return bool(self.averages)
+
+    @paddle.no_grad()
+    def start(self) -> None:
+        """Begin the average at the model's weights."""
+        if type(self.wrapper).__name__.startswith("GroupSharded"):  # group_sharded_parallel()'s, GPUs only
+            raise UserError(
+                "--ema under --sharding-stage 2 or 3 is not supported yet (those stages run on GPUs only, where it has "
+                "not been tried): use --sharding-stage 1, under which every rank averages the whole parameters"
+            )
+        self.averages = {name: tensor.detach().astype("float32").clone() for name, tensor in self._weights().items()}
+
+    @paddle.no_grad()
+    def update(self) -> None:
+        weights = self._weights() if self.averages else {}
+        for name, average in self.averages.items():
+            average.scale_(self.decay).add_(weights[name].astype("float32") * (1 - self.decay))
+
+    @contextlib.contextmanager
+    def swapped(self, wanted: bool = True):
+        """The averages in the model's own tensors, in place, for the block (validation); then its weights again."""
+        if not (wanted and self.averages):
+            yield
+            return
+        weights = self._weights()
+        with paddle.no_grad():
+            kept = {name: weights[name].clone() for name in self.averages}
+            for name, average in self.averages.items():
+                paddle.assign(average.astype(weights[name].dtype), output=weights[name])
+        try:
+            yield
+        finally:
+            with paddle.no_grad():
+                for name, own in kept.items():
+                    paddle.assign(own, output=weights[name])
+
+    @paddle.no_grad()
+    def load(self, saved: dict) -> None:
+        """Go on from a checkpoint's averages, by name."""
+        self.start()
+        for name, average in self.averages.items():
+            paddle.assign(saved[name], output=average)
+
+    def _weights(self) -> dict[str, paddle.Tensor]:
+        return {name: tensor for name, tensor in self.model.state_dict().items() if paddle.is_floating_point(tensor)}
 
 
 @contextlib.contextmanager

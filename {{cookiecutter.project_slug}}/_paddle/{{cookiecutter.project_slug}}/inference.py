@@ -45,24 +45,33 @@ def checkpoint_data(checkpoint: str | Path) -> dict:
 
 
 def load_for_inference(
-    checkpoint: str | Path, device: str = "auto", num_classes: int | None = None, task: Task | None = None
+    checkpoint: str | Path,
+    device: str = "auto",
+    num_classes: int | None = None,
+    task: Task | None = None,
+    averaged: bool = True,
 ) -> paddle.nn.Layer:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the checkpoint's, or for bare weights the size of the last
     tensor saved (the last layer's bias in most networks). build_model() gets what the checkpoint records that
-    it names as parameters. A last.pdparams or best.pdparams run.py wrote.
+    it names as parameters. A last.pdparams or best.pdparams run.py wrote. The weights are the averaged ones of a
+    run of --ema, unless not `averaged` (predict.py's --weights raw).
     """
-    return load_with_data(checkpoint, device, num_classes, task)[0]
+    return load_with_data(checkpoint, device, num_classes, task, averaged)[0]
 
 
 def load_with_data(
-    checkpoint: str | Path, device: str = "auto", num_classes: int | None = None, task: Task | None = None
+    checkpoint: str | Path,
+    device: str = "auto",
+    num_classes: int | None = None,
+    task: Task | None = None,
+    averaged: bool = True,
 ) -> tuple[paddle.nn.Layer, dict]:
     """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
     (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
-    weights, data = read_weights(checkpoint)
+    weights, data = read_weights(checkpoint, averaged)
     outputs = num_classes or data.get("num_classes") or int(list(weights.values())[-1].shape[0])
     model = (task or Task()).network(data, outputs)
     expected = model.state_dict()

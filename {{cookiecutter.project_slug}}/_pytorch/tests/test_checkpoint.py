@@ -1,6 +1,7 @@
 """Checkpoints hold everything a resumed run needs, load safely, and never leave a broken file behind."""
 
 import json
+import logging
 import math
 import os
 import random
@@ -14,17 +15,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import rank_results, save_rank_result
+from conftest import rank_results, run_sh, save_rank_result
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from {{ cookiecutter.project_slug }} import checkpoint, distributed, engine, fsdp
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.preemption import Stopped
-from {{ cookiecutter.project_slug }}.state import EpochProgress, TrainingState
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, Stopped
+from {{ cookiecutter.project_slug }}.state import TrainingState
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -564,6 +566,117 @@ def test_a_sharded_save_of_another_model_is_refused_naming_the_mismatch(tmp_path
         build_checkpointer(tmp_path, out_features=5).resume("auto")
 
 
+def averaging(saver: Checkpointer, decay: float | None = 0.9) -> Checkpointer:
+    """`saver` of a run of --ema `decay` (None: a run without the flag), started as resume() starts it."""
+    saver.ema = engine.Ema(saver.model, decay)
+    return saver
+
+
+def take_averaged_steps(saver: Checkpointer, steps: int = 3) -> None:
+    for _ in range(steps):
+        take_steps(saver, 1)
+        saver.ema.update()
+
+
+def whole(tensors: dict) -> dict:
+    return {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor for name, tensor in tensors.items()}
+
+
+def test_the_average_moves_one_minus_decay_towards_the_weights_and_buffers_at_each_step_in_float32(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path, model=nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))))
+    saver.resume("none")  # the average starts at the weights
+    before = {name: average.clone() for name, average in saver.ema.averages.items()}
+
+    take_averaged_steps(saver, 1)
+
+    weights = saver.model.state_dict()
+    assert sorted(saver.ema.averages) == sorted(set(weights) - {"1.num_batches_tracked"})  # floating-point ones
+    for name, average in saver.ema.averages.items():
+        assert average.dtype == torch.float32
+        torch.testing.assert_close(average, 0.9 * before[name] + 0.1 * weights[name])
+
+
+def test_ema_0_averages_to_exactly_the_weights(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path), 0.0)
+    saver.resume("none")
+    take_averaged_steps(saver)
+    assert_same_tensors(saver.ema.averages, saver.model.state_dict())
+
+
+def test_validation_sees_the_averages_in_the_models_own_tensors_and_training_goes_on_with_its_weights(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path))
+    saver.resume("none")
+    take_averaged_steps(saver)
+    weight, trained = saver.model.weight, saver.model.weight.detach().clone()
+
+    with saver.ema.swapped():
+        assert saver.model.weight is weight  # in place: no second model
+        assert torch.equal(weight.detach(), saver.ema.averages["weight"])
+    assert torch.equal(weight.detach(), trained) and not torch.equal(trained, saver.ema.averages["weight"])
+
+
+def test_a_stop_saves_both_weights_and_its_resume_goes_on_averaging_as_if_never_stopped(tmp_path, caplog):
+    torch.manual_seed(0)
+    saver = averaging(build_checkpointer(tmp_path))
+    saver.resume("none")
+    take_averaged_steps(saver, 2)
+    saver.save_progress(EpochProgress(step=2, consumed=16))  # as a SIGTERM stop saves
+    saved = load(tmp_path / "last.pt")
+    assert_same_tensors(saved["model"], saver.model.state_dict())
+    assert_same_tensors(saved["ema"], saver.ema.averages) and saved["ema_decay"] == 0.9
+    # predict.py and export.py: the averages, or with --weights raw the trained weights.
+    assert_same_tensors(checkpoint.read_weights(tmp_path / "last.pt")[0], saved["ema"])
+    assert_same_tensors(checkpoint.read_weights(tmp_path / "last.pt", averaged=False)[0], saved["model"])
+    take_averaged_steps(saver, 2)  # the uninterrupted run
+
+    resumed = averaging(build_checkpointer(tmp_path), decay=None)  # resumed without --ema
+    with caplog.at_level(logging.INFO):
+        assert resumed.resume("auto").ema_decay == 0.9
+    take_averaged_steps(resumed, 2)
+
+    assert "this run goes on with the resumed run's --ema 0.9" in caplog.text
+    assert_same_tensors(resumed.ema.averages, saver.ema.averages)
+
+
+def test_ema_on_a_resume_of_a_checkpoint_without_averages_starts_them_at_its_weights_and_says_so(tmp_path, caplog):
+    saver = build_checkpointer(tmp_path)  # a run without --ema, or of a version before it
+    take_steps(saver)
+    save_epoch(saver, 1, 0.5, True)
+
+    resumed = averaging(build_checkpointer(tmp_path), 0.99)
+    with caplog.at_level(logging.INFO):
+        resumed.resume("auto")
+
+    assert "the checkpoint holds no averaged weights; the average starts at its weights" in caplog.text
+    assert_same_tensors(resumed.ema.averages, saver.model.state_dict())
+    plain = averaging(build_checkpointer(tmp_path), None)  # nor does a resume without --ema
+    plain.resume("auto")
+    assert not plain.ema.active and load(tmp_path / "last.pt")["ema"] == {}
+
+
+def test_sharded_averages_are_saved_under_their_own_key_and_resume_whole_or_sharded(tmp_path, process_group_of_one):
+    saver = averaging(fsdp_checkpointer(tmp_path))
+    saver.resume("none")
+    take_averaged_steps(saver)
+    assert isinstance(saver.ema.averages["weight"], DTensor)  # each rank averages its shard
+    save_epoch(saver, 1, 0.5, True)
+    averages = whole(saver.ema.averages)
+
+    unsharded = averaging(build_checkpointer(tmp_path), None)
+    unsharded.resume("auto")
+    assert_same_tensors(unsharded.ema.averages, averages)
+    sharded = averaging(fsdp_checkpointer(tmp_path), None)
+    sharded.resume("auto")
+    assert_same_tensors(whole(sharded.ema.averages), averages)
+    assert_same_tensors(checkpoint.read_weights(tmp_path / "best")[0], averages)
+    assert not torch.equal(checkpoint.read_weights(tmp_path / "best", averaged=False)[0]["weight"], averages["weight"])
+
+    unsharded.end_epoch(2, {"loss": 1.0, "acc": 0.4})  # a file now, read into the shards of a sharded model
+    from_file = averaging(fsdp_checkpointer(tmp_path), None)
+    from_file.resume(str(tmp_path / "last.pt"))
+    assert_same_tensors(whole(from_file.ema.averages), averages)
+
+
 class PretrainedBody(nn.Module):
     """A network whose body a pretrained file fits and whose head (another number of classes) it does not; its
     table is a buffer no state dict holds (persistent=False), as the regression sample's target statistics are."""
@@ -664,3 +777,15 @@ def test_init_from_weights_of_another_network_under_fsdp_stops_every_rank_said_o
     assert said in str(ranks[0]["error"]) and str(ranks[0]["error"]).endswith("(shown: True)")
     assert said in str(ranks[1]["error"]) and str(ranks[1]["error"]).endswith("(shown: False)")
     assert [int(rank["reads"]) for rank in ranks] == [1, 0]
+
+
+@pytest.mark.slow
+def test_under_fsdp_each_rank_averages_its_shard_as_ddp_averages_the_whole(project_root, tmp_path, averaged_run):
+    run_sh(project_root, tmp_path / "fsdp", "--epochs", "2", "--ema", "0.9", "--strategy", "fsdp")
+
+    def results(output) -> list[dict]:  # the task's metrics and the training loss, epoch by epoch
+        records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k == "train_loss" or k.startswith("val_")} for r in records]
+
+    for by_ddp, by_fsdp in zip(results(averaged_run), results(tmp_path / "fsdp"), strict=True):
+        assert by_fsdp == pytest.approx(by_ddp, rel=1e-5)

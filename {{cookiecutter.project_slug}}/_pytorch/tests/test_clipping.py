@@ -11,8 +11,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.project_slug }} import engine, loaders, seam
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
-from {{ cookiecutter.project_slug }}.preemption import StopRequest
-from {{ cookiecutter.project_slug }}.state import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, StopRequest
 
 
 def cross_entropy(model, batch) -> torch.Tensor:

@@ -25,8 +25,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.project_slug }} import distributed, engine, loaders, seam
-from {{ cookiecutter.project_slug }}.preemption import StopRequest
-from {{ cookiecutter.project_slug }}.state import EpochProgress
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, StopRequest
 
 pytestmark = pytest.mark.slow
 

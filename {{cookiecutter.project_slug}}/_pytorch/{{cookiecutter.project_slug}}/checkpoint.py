@@ -85,6 +85,7 @@ class Checkpointer(CheckpointerBase):
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.stepper.state_dict(),
             "scaler": self._scaler_state(),
+            "ema": self.ema.averages if self.ema else {},
             **training,
         }
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ class Checkpointer(CheckpointerBase):
         self.wait_for_save()  # one save at a time
         folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        shards = {"model": model, "optimizer": optimizer}
+        shards = {"ema": self.ema.averages if self.ema else {}, "model": model, "optimizer": optimizer}
         rest = {"scheduler": self.schedule.stepper.state_dict(), "scaler": self._scaler_state(), **training}
         if not self.in_background:
             self._written(folder, rest, is_best, kept, lambda: dcp.save(shards, checkpoint_id=folder))
@@ -161,7 +162,11 @@ class Checkpointer(CheckpointerBase):
 
         # A sharded model: rank 0 alone reads the file (a folder too, whole) and sends each rank its shards of it,
         # as it sent the built network's (engine.whole_on_rank0_only()); an unsharded one: every rank reads it.
-        weights = _on_rank0_only(fitting, self.env) if self._sharded else fitting()
+        weights = (
+            distributed._on_rank0_only(fitting, self.env, "rank 0's reading of --init-from")
+            if self._sharded
+            else fitting()
+        )
         options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=self._sharded)
         set_model_state_dict(model, weights, options=options)
 
@@ -202,6 +207,8 @@ class Checkpointer(CheckpointerBase):
             else:
                 distributed.unwrap(self.model).load_state_dict(checkpoint["model"])
                 self.optimizer.load_state_dict(checkpoint["optimizer"])  # moves its state to the parameters' device
+            if checkpoint.get("ema") and self.ema is not None:
+                self.ema.load(checkpoint["ema"])
         return checkpoint
 
     def _read_shards(self, folder: Path) -> dict:
@@ -209,8 +216,12 @@ class Checkpointer(CheckpointerBase):
         checkpoint = _load_checkpoint(folder / _TRAINING, keys=_TRAINING_KEYS)
         model = self.model if self._sharded else distributed.unwrap(self.model)
         weights, optimizer = get_state_dict(model, self.optimizer)
+        averaged = self.ema is not None and bool(_stored(folder, "ema"))
+        if averaged:
+            self.ema.start()  # (its tensors, which the load fills)
         with _mismatch_explained(folder):
-            dcp.load({"model": weights, "optimizer": optimizer}, checkpoint_id=folder)
+            dcp.load({"ema": self.ema.averages if averaged else {}, "model": weights, "optimizer": optimizer},
+                     checkpoint_id=folder)  # fmt: skip
             set_state_dict(model, self.optimizer, model_state_dict=weights, optim_state_dict=optimizer)
         return checkpoint
 
@@ -250,21 +261,6 @@ class Checkpointer(CheckpointerBase):
         # A GPU stream saved on the CPU, or none saved on a GPU: that stream goes on from its seed.
         if state["cuda"] is not None and self.env.on_gpu:
             torch.cuda.set_rng_state(state["cuda"], self.env.device)
-
-
-def _on_rank0_only(read, env) -> dict:
-    """`read()` on rank 0, {} on the others; a UserError there (an unreadable file, weights of another network)
-    ends every rank, said by rank 0, instead of leaving the others waiting for its tensors."""
-    weights, problem = {}, None
-    if env.is_main:
-        try:
-            weights = read()
-        except UserError as error:
-            problem = str(error)
-    problem = distributed.share_from_main(problem, "rank 0's reading of --init-from")
-    if problem:
-        raise UserError(problem, shown=env.local_rank == 0)
-    return weights
 
 
 def _load_checkpoint(path: Path, keys: tuple[str, ...] = STATE_KEYS) -> dict:
@@ -323,11 +319,13 @@ def newest(directory: Path, name: str) -> Path | None:
     return save_folders.newest(directory / name, directory / _SHARDED[name], _TRAINING)
 
 
-def read_weights(checkpoint: Path) -> tuple[dict, dict]:
+def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
     """The model weights and the data description (seam.data_description()) of a checkpoint (a file, or a sharded
-    save's folder, read whole), or of a bare state dict."""
+    save's folder, read whole), or of a bare state dict. The weights are the averaged ones of --ema where the
+    checkpoint holds them, unless not `averaged` (--weights raw)."""
     if checkpoint.is_dir():
-        return _sharded_weights(checkpoint), _load_checkpoint(checkpoint / _TRAINING, keys=_TRAINING_KEYS)["data"]
+        data = _load_checkpoint(checkpoint / _TRAINING, keys=_TRAINING_KEYS)["data"]
+        return _chosen(*_sharded_weights(checkpoint, averaged), averaged), data
     if not checkpoint.is_file():
         raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
     try:
@@ -337,35 +335,47 @@ def read_weights(checkpoint: Path) -> tuple[dict, dict]:
     weights = state.get("model", state) if isinstance(state, dict) else None
     if not isinstance(weights, dict) or not weights:
         raise UserError(f"{checkpoint} holds no model weights: pass a last.pt or best.pt that run.py wrote")
-    return weights, state.get("data") or {}
+    averages = state.get("ema") if "model" in state else None
+    return _chosen(weights, averages, averaged), state.get("data") or {}
 
 
-def export_weights(checkpoint: Path, output: Path) -> Path:
-    """export.py: the model weights of `checkpoint` as one file, {"model": state dict, "data": its description}
-    (predict.py takes it too); returns the file written."""
-    weights, data = read_weights(checkpoint)
+def _chosen(weights: dict, averages: dict | None, averaged: bool) -> dict:
+    """The model's state dict with the averages in place of its weights (in their dtypes), or as it is."""
+    if not (averaged and averages):
+        return weights
+    return weights | {name: average.to(weights[name].dtype) for name, average in averages.items()}
+
+
+def export_weights(checkpoint: Path, output: Path, averaged: bool = True) -> Path:
+    """export.py: the model weights of `checkpoint` (its averages under --ema, unless not `averaged`) as one file,
+    {"model": state dict, "data": its description} (predict.py takes it too); returns the file written."""
+    weights, data = read_weights(checkpoint, averaged)
     output.parent.mkdir(parents=True, exist_ok=True)
     _atomic_save({"model": weights, "data": data}, output)
     return output
 
 
-def _sharded_weights(folder: Path) -> dict:
-    """The whole model of a sharded save, in this process alone (no collective): tensors of the sizes its
-    metadata records, filled from every rank's shards."""
-    reader = dcp.FileSystemReader(folder)
-    try:
-        stored = reader.read_metadata().state_dict_metadata
-    except (OSError, pickle.UnpicklingError) as error:
-        raise UserError(f"checkpoint {folder} is corrupt or unreadable ({error.__class__.__name__})") from None
-    weights = {
-        key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-        for key, meta in stored.items()
-        if key.startswith("model.")
-    }
+def _sharded_weights(folder: Path, averaged: bool) -> tuple[dict, dict]:
+    """The whole model of a sharded save, and its averages (--ema; if `averaged`), in this process alone (no
+    collective): tensors of the sizes its metadata records, filled from every rank's shards."""
+    wanted = {"ema": _stored(folder, "ema") if averaged else {}, "model": _stored(folder, "model")}
     with warnings.catch_warnings():  # that it reads in this process alone: as asked
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
-    return weights
+        dcp.load(wanted, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    return wanted["model"], wanted["ema"]
+
+
+def _stored(folder: Path, key: str) -> dict:
+    """Empty tensors of the sizes a sharded save's metadata records under `key` ("model", "ema"), by name."""
+    try:
+        stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    except (OSError, pickle.UnpicklingError) as error:
+        raise UserError(f"checkpoint {folder} is corrupt or unreadable ({error.__class__.__name__})") from None
+    return {
+        name.removeprefix(f"{key}."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for name, meta in stored.items()
+        if name.startswith(f"{key}.")
+    }
 
 
 def _atomic_save(state: dict, path: Path) -> None:

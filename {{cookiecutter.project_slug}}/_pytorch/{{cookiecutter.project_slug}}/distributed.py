@@ -148,6 +148,21 @@ def share_from_main(obj, waiting_for: str):
     return holder[0]
 
 
+def _on_rank0_only(read, env, what: str) -> dict:
+    """`read()` on rank 0 (`what` it is), {} on the others; a UserError there (an unreadable file, weights of another
+    network) ends every rank, said by rank 0, instead of leaving the others waiting for its tensors."""
+    weights, problem = {}, None
+    if env.is_main:
+        try:
+            weights = read()
+        except UserError as error:
+            problem = str(error)
+    problem = share_from_main(problem, what)
+    if problem:
+        raise UserError(problem, shown=env.local_rank == 0)
+    return weights
+
+
 @contextlib.contextmanager
 def _timeout_explained(waiting_for: str):
     try:

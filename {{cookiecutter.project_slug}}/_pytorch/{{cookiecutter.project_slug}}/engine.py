@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.data import DataLoader
 
 from . import distributed, fsdp, hardware, loaders, roll_call
@@ -23,9 +24,9 @@ from .batches import sample_count
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
 from .logs import LoaderWatch, LossLog, progress_bar
-from .preemption import Diverged, Stopped, StopRequest
+from .preemption import Diverged, EpochProgress, Stopped, StopRequest
 from .seam import Task
-from .state import EpochProgress, Schedule
+from .state import Schedule
 from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
     stop: StopRequest, task: Task, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
     watch: LoaderWatch | None = None, amp_dtype: str | None = None, clip_grad_norm: float | None = None,
-    saves=None, schedule: Schedule | None = None,
+    saves=None, schedule: Schedule | None = None, ema: "Ema | None" = None,
 ) -> dict:  # fmt: skip
     """One pass over this rank's shard: the mean loss, the distinct samples seen by all ranks, the learning rate,
     the part of the pass spent waiting for batches (`watch` times them, and says once when workers would help).
@@ -48,6 +49,7 @@ def train_one_epoch(
     Every `log_every` batches, rank 0 logs the epoch's mean loss so far, and gives it to `tracker` (logs.LossLog).
     `amp_dtype` ("bf16", "fp16", None) is mixed_precision()'s; float16 needs `scaler` enabled.
     `schedule` (cosine_schedule()'s) sets the rate after every optimizer step; "lr" is the rate the pass began at.
+    `ema` (--ema) averages the weights after every optimizer step.
     """
     model.train()
     sampler = loaders.train_sampler(loader)
@@ -83,6 +85,8 @@ def train_one_epoch(
                 optimizer.zero_grad(set_to_none=True)
                 if schedule is not None:
                     schedule.advance(epoch - 1 + step / steps)
+                if ema is not None:
+                    ema.update()
             loss_sum += loss.detach().float() * count
             seen += count
             loss_log.step(step, loss_sum, seen)
@@ -99,6 +103,69 @@ def train_one_epoch(
     # The sampler repeats a few samples so every rank gets as many; they are not distinct.
     samples = int(total_seen) - sampler.padding
     return {"loss": total_loss / total_seen, "samples": samples, "lr": lr, "data_wait": watch.data_wait}
+
+
+class Ema:
+    """--ema DECAY: after every optimizer step, averages = DECAY * averages + (1 - DECAY) * weights, over the
+    parameters and floating-point buffers of the model's state dict, kept in float32 (a decay near 1 makes each
+    update too small for lower precisions). A sharded model's averages are DTensors like its parameters: each rank
+    averages its own shard. Before start() (a run without --ema) it holds nothing and does nothing."""
+
+    def __init__(self, model, decay: float | None = None):
+        self.model, self.decay = distributed.unwrap(model), decay
+        self.averages: dict[str, torch.Tensor] = {}  # by state dict name
+
+    @property
+    def active(self) -> bool:
+        return bool(self.averages)
+
+    @torch.no_grad()
+    def start(self) -> None:
+        """Begin the average at the model's weights."""
+        self.averages = {name: tensor.detach().float().clone() for name, tensor in self._weights().items()}
+
+    @torch.no_grad()
+    def update(self) -> None:
+        if self.averages:
+            averages, weights = self._pairs()
+            torch._foreach_lerp_(averages, [weight.float() for weight in weights], 1 - self.decay)
+
+    @contextlib.contextmanager
+    def swapped(self, wanted: bool = True):
+        """The averages in the model's own tensors, in place, for the block (validation); then its weights again."""
+        if not (wanted and self.averages):
+            yield
+            return
+        with torch.no_grad():
+            averages, weights = self._pairs()
+            kept = [weight.clone() for weight in weights]
+            torch._foreach_copy_(weights, averages)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(weights, kept)
+
+    @torch.no_grad()
+    def load(self, saved: dict) -> None:
+        """Go on from a checkpoint's averages, whole tensors by name (a sharded model's rank takes its shard)."""
+        self.start()
+        for name, average in self.averages.items():
+            value = saved[name].to(average.device)
+            if isinstance(average, DTensor) and not isinstance(value, DTensor):
+                value = distribute_tensor(value, average.device_mesh, average.placements, src_data_rank=None)
+            average.copy_(value)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        tensors = self.model.state_dict(keep_vars=True)
+        return {name: tensor for name, tensor in tensors.items() if tensor.is_floating_point()}
+
+    def _pairs(self) -> tuple[list, list]:
+        """This rank's part of each average and of the weight it follows (the local shards of DTensors)."""
+        weights = self._weights()
+        return [_local(average) for average in self.averages.values()], [
+            _local(weights[name]) for name in self.averages
+        ]
 
 
 @contextlib.contextmanager

@@ -45,15 +45,17 @@ def load_for_inference(
     device: str | torch.device = "auto",
     num_classes: int | None = None,
     task: Task | None = None,
+    averaged: bool = True,
 ) -> torch.nn.Module:
     """build_model() with the checkpoint's weights, in eval mode, on the device.
 
     num_classes: the network's outputs; by default the checkpoint's, or for a bare state dict the size of the
     last tensor of its weights (the last layer's bias in most networks). build_model() gets what the checkpoint
     records that it names as parameters. A last.pt or best.pt run.py
-    wrote (or the folder of a sharded save), or a bare state dict.
+    wrote (or the folder of a sharded save), or a bare state dict. The weights are the averaged ones of a run of
+    --ema, unless not `averaged` (predict.py's --weights raw).
     """
-    return load_with_data(checkpoint, device, num_classes, task)[0]
+    return load_with_data(checkpoint, device, num_classes, task, averaged)[0]
 
 
 def load_with_data(
@@ -61,12 +63,13 @@ def load_with_data(
     device: str | torch.device = "auto",
     num_classes: int | None = None,
     task: Task | None = None,
+    averaged: bool = True,
 ) -> tuple[torch.nn.Module, dict]:
     """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
     (predict.py's: a large checkpoint is read once)."""
     checkpoint = Path(checkpoint)
     target = pick_device(device)
-    weights, data = read_weights(checkpoint)
+    weights, data = read_weights(checkpoint, averaged)
     outputs = num_classes or data.get("num_classes") or len(list(weights.values())[-1])
     model = (task or Task()).network(data, outputs)
     try:
