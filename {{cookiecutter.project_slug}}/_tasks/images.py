@@ -180,6 +180,18 @@ def read_csv_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
     return rows
 
 
+def csv_column(data_dir: str | Path, labels_csv: str | Path, column: str) -> dict[str, str]:
+    """Each image's value of `column` in the labels CSV (--group-column), by its path as the CSV gives it."""
+    csv_path = find_labels_csv(labels_csv, data_dir)
+    with open(csv_path, newline="", encoding="utf-8-sig") as file:
+        reader = csv.DictReader(file)
+        names = [name.strip() for name in reader.fieldnames or []]
+        if column not in names:
+            raise UserError(f"labels file {csv_path} has no column {column!r} (its columns: {', '.join(names)})")
+        reader.fieldnames = names
+        return {image_path(row[names[0]]): (row[column] or "").strip() for row in reader if row[names[0]]}
+
+
 def image_path(field: str) -> str:
     return field.strip().replace("\\", "/")
 

@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from .batches import Labeled
+from .errors import UserError
 from .images import (
     VAL_FRACTION,
     Arrays,
     ImageFiles,
+    csv_column,
     describe,
     image_splits,
     labelled_images,
@@ -52,6 +54,11 @@ OPTIONS = {
         "help": "side in pixels images are resized to (default: IMAGE_SIZE in data.py, 16 for the sample digits)",
     },
     "--channels": {"type": "int", "choices": [1, 3], "help": "1: grey, 3: RGB (default: CHANNELS in data.py, 3)"},
+    "--group-column": {
+        "metavar": "NAME",
+        "help": "with --folds and --labels-csv: the CSV column whose equal values form a group (a patient, a "
+        "camera), never split across folds",
+    },
 }
 # predict.py's options that task.py's write_predictions() reads.
 PREDICT_OPTIONS = {
@@ -104,7 +111,7 @@ def build_datasets(args) -> tuple[ImageDataset | Arrays, ImageDataset | Arrays, 
 
 def build_labeled_set(args) -> Labeled:
     """--folds: every labelled image (train/ and val/ together) as one set, described from all of them; each
-    image's id (its path under the data folder) and stratum (its class)."""
+    image's id (its path under the data folder), stratum (its class) and group (--group-column's value)."""
     size, channels = option(args, "image_size", IMAGE_SIZE), option(args, "channels", CHANNELS)
     if args.synthetic:
         images, labels = synthetic_images(SYNTHETIC_TRAIN + SYNTHETIC_VAL, SYNTHETIC_CLASSES, size, args.seed, channels)
@@ -113,9 +120,17 @@ def build_labeled_set(args) -> Labeled:
         return Labeled(
             describe(Arrays(images, labels), classes, size, channels), SYNTHETIC_CLASSES, ids, labels.tolist()
         )
-    samples, classes, _, root = labelled_images(args.data_dir, option(args, "labels_csv", None))
+    labels_csv, group = option(args, "labels_csv", None), option(args, "group_column", None)
+    samples, classes, _, root = labelled_images(args.data_dir, labels_csv)
     ids = [path.relative_to(root).as_posix() for path, _ in samples]
-    return Labeled(ImageDataset(samples, classes, size, channels), len(classes), ids, [label for _, label in samples])
+    if group and not labels_csv:
+        raise UserError("--group-column reads a column of the labels CSV: pass --labels-csv FILE")
+    groups = None
+    if group:
+        by_image = csv_column(args.data_dir, labels_csv, group)
+        groups = [by_image[sample_id] for sample_id in ids]
+    dataset = ImageDataset(samples, classes, size, channels)
+    return Labeled(dataset, len(classes), ids, [label for _, label in samples], groups)
 
 
 def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list[str]]:

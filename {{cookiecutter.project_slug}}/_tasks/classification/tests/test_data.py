@@ -4,6 +4,7 @@ junk, a flat folder with a CSV. A task of your own replaces these tests with its
 Framework-neutral: data.py has the same public names in every framework's project.
 """
 
+import collections
 import os
 import shutil
 import subprocess
@@ -14,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import copy_of_project, write_image_folder
+from PIL import Image
 
-from {{ cookiecutter.project_slug }} import archive, cli, data, settings, workspace
+from {{ cookiecutter.project_slug }} import archive, cli, data, folds, settings, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
 
 JUNK = {
@@ -304,3 +306,25 @@ def test_a_project_with_its_own_datasets_never_extracts_the_sample_but_always_a_
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (project / "data" / "digits").exists()
     assert (tmp_path / "theirs" / archive.DONE_MARKER).is_file() == named
+
+
+def test_folds_of_a_labels_csv_keep_each_group_of_its_group_column_in_one_fold(tmp_path):
+    (tmp_path / "images").mkdir()
+    lines = ["image,label,patient"]
+    for index in range(24):
+        label = "ab"[index % 2]
+        Image.fromarray(np.full((4, 4), index * 10, dtype=np.uint8)).save(tmp_path / "images" / f"{index:02d}.png")
+        lines.append(f"images/{index:02d}.png,{label},p{index % 6}")
+    (tmp_path / "labels.csv").write_text("\n".join(lines) + "\n")
+    flags = ["--data-dir", str(tmp_path), "--labels-csv", "labels.csv", "--folds", "3", "--group-column"]
+
+    labeled = data.build_labeled_set(cli.parse_args([*flags, "patient"]))
+    fold_of = folds.assign(labeled.strata, labeled.groups, 3, seed=0)
+
+    assert labeled.groups == [f"p{index % 6}" for index in range(24)]
+    folds_of = collections.defaultdict(set)
+    for fold, group in zip(fold_of, labeled.groups, strict=True):
+        folds_of[group].add(fold)
+    assert len(folds_of) == 6 and all(len(one) == 1 for one in folds_of.values())
+    with pytest.raises(UserError, match="no column 'site'"):
+        data.build_labeled_set(cli.parse_args([*flags, "site"]))
