@@ -11,7 +11,7 @@ from functools import partial
 
 import numpy as np
 
-from {{ cookiecutter.project_slug }} import cli, distributed, inference, loaders, logs, save_folders, seam, submission
+from {{ cookiecutter.project_slug }} import cli, distributed, folds, inference, loaders, logs, seam, submission
 from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors
 from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 
@@ -23,7 +23,7 @@ def predict(args) -> None:
     try:
         log = logs.setup_logging(None, env.rank)
         task = seam.Task()  # the three files a user owns, the one way to them
-        checkpoints = save_folders.members(given, lambda fold: inference.checkpoint_path(fold, "best"))
+        checkpoints = folds.checkpoints_of(given, lambda run: inference.checkpoint_path(run, "best"))
         averaged = len(checkpoints) > 1 or args.tta  # an ensemble, or test-time views: outputs averaged
         if averaged:
             task.check_averaging(len(checkpoints), args.tta)

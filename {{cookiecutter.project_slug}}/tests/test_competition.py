@@ -5,13 +5,18 @@ import argparse
 import collections
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_bash, run_sh
+from conftest import free_port, run_bash, run_sh
 
-from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, save_folders, seam, task, workspace
+from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, save_folders, seam, settings, task, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
@@ -190,20 +195,27 @@ def test_the_cv_score_pools_each_folds_best_validation_and_a_rerun_skips_the_fin
     assert f"cv: oof_{best} {cv[f'oof_{best}']:.4f}" in again
 
 
-def test_predict_takes_top_json_a_folds_folder_and_checkpoints_as_given(tmp_path):
-    (tmp_path / "fold-10" / "x").mkdir(parents=True)
-    (tmp_path / "fold-2").mkdir()
+def test_predict_takes_top_json_a_run_a_folds_folder_of_finished_folds_and_checkpoints_as_given(tmp_path):
     keep(tmp_path, 1, 0.5)
     keep(tmp_path, 2, 0.3)
+    folds.write_folds(tmp_path / "folds.csv", [str(n) for n in range(12)], [n % 11 for n in range(12)])
+    for fold in range(11):
+        (tmp_path / f"fold-{fold}" / "checkpoints").mkdir(parents=True)
+        for name in (folds.OOF, folds.CONTRIBUTIONS):
+            (tmp_path / f"fold-{fold}" / name).write_text("written once the fold was finished")
 
-    def best_in(fold):
-        return fold / "best.pt"
+    def best_in(run):
+        return run / "checkpoints" / "best.pt"
 
-    top = save_folders.members([str(tmp_path / "top.json")], best_in)
+    top = folds.checkpoints_of([str(tmp_path / "top.json")], best_in)
     assert top == [tmp_path / "epoch-2.pt", tmp_path / "epoch-1.pt"]  # best first
-    folds_folder = save_folders.members([str(tmp_path)], best_in)
-    assert folds_folder == [tmp_path / "fold-2" / "best.pt", tmp_path / "fold-10" / "best.pt"]  # in fold order
-    assert save_folders.members(["a.pt", "b"], best_in) == [Path("a.pt"), Path("b")]
+    ensemble = folds.checkpoints_of([str(tmp_path)], best_in)
+    assert ensemble == [tmp_path / f"fold-{fold}" / "checkpoints" / "best.pt" for fold in range(11)]  # fold order
+    assert folds.checkpoints_of([str(tmp_path / "fold-3")], best_in) == [best_in(tmp_path / "fold-3")]
+    assert folds.checkpoints_of(["a.pt", "b"], best_in) == [Path("a.pt"), Path("b")]
+    (tmp_path / "fold-7" / folds.OOF).unlink()
+    with pytest.raises(UserError, match="fold 7 of 11 .* is not finished"):
+        folds.checkpoints_of([str(tmp_path)], best_in)
 
 
 @pytest.mark.slow
@@ -232,3 +244,36 @@ def test_a_folds_ensemble_predicts_the_mean_of_its_models_outputs_the_same_on_on
     rows = model_task.rows_from_outputs(total / 3)
     mine = model_task.write_predictions(str(tmp_path / "mine.csv"), keys, rows, description, argparse.Namespace())
     assert Path(mine).read_bytes() == written[1]
+
+
+@pytest.mark.slow
+def test_a_fold_killed_part_way_resumes_and_the_folds_end_as_an_uninterrupted_run(three_folds, project_root, tmp_path):
+    reference, _ = three_folds
+    output = tmp_path / "output"
+    args = ["--folds", "3", "--epochs", "2", "--device", "cpu", "--output-dir", str(output)]
+    if settings.DATASET == "zip":
+        args += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(tmp_path / "data")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
+    env.update(NPROC_PER_NODE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    job = subprocess.Popen(["bash", "run.sh", *args], cwd=project_root, env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    saved = output / "fold-1" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not inference.checkpoint_path(output / "fold-1", "last").exists():  # fold 0 done, fold 1 part-way
+        assert job.poll() is None and time.monotonic() < deadline, f"the job ended before a save in {saved}"
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)  # no warning: a lost machine, an out-of-memory kill
+    job.wait()
+
+    again = run_sh(project_root, output, "--folds", "3", "--epochs", "2")
+
+    assert "fold 0 of 3 is finished" in again and "resumed from" in (output / "fold-1" / "train.log").read_text()
+    for fold in range(3):
+        assert without_timings(output / f"fold-{fold}") == without_timings(reference / f"fold-{fold}")
+    assert json.loads((output / "cv.json").read_text()) == json.loads((reference / "cv.json").read_text())
+
+
+def without_timings(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in record.items() if k not in ("epoch_time_s", "data_wait")} for record in records]

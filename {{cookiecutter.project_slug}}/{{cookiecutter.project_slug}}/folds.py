@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import distributed, engine, logs
+from . import distributed, engine, logs, save_folders
 from .batches import Labeled
 from .errors import UserError
 from .seam import Task, padded
@@ -58,14 +58,14 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
     """--fold all: train_one(its args) for each fold not finished yet (a finished one is said and skipped), then
     the cross-validation score (rank 0); the job's log in DIR/train.log, each fold's in its own folder."""
     log = logs.setup_logging(args.folds_dir, env.rank)
-    for fold in range(args.folds):
-        if finished(args.folds_dir, fold):
-            log.info(
-                "fold %d of %d is finished (%s): skipped", fold, args.folds, Path(fold_dir(args.folds_dir, fold), OOF)
-            )
-        else:
+    left = [fold for fold in range(args.folds) if not finished(args.folds_dir, fold)]
+    for fold in sorted(set(range(args.folds)) - set(left)):
+        log.info("fold %d of %d is finished (%s): skipped", fold, args.folds, Path(fold_dir(args.folds_dir, fold), OOF))
+    for fold in left:
+        with engine.names_as_in_a_new_process():
             train_one(argparse.Namespace(**{**vars(args), "fold": fold, "output_dir": fold_dir(args.folds_dir, fold)}))
-            log = logs.setup_logging(args.folds_dir, env.rank)
+    if left:
+        log = logs.setup_logging(args.folds_dir, env.rank)
     if env.is_main:
         log.info(cross_validate(args.folds_dir, task))
     distributed.barrier()
@@ -150,7 +150,10 @@ def read_folds(path: Path, ids: list[str], folds: int) -> list[int]:
             "in a new --output-dir, or delete folds.csv and every fold-*/ there to start the folds again"
         )
     if max(saved.values()) + 1 != folds:
-        raise UserError(f"{path} splits the data into {max(saved.values()) + 1} folds, not --folds {folds}")
+        raise UserError(
+            f"{path} splits the data into {max(saved.values()) + 1} folds, not --folds {folds}: give --folds "
+            f"{max(saved.values()) + 1}, or train {folds} folds in a new --output-dir"
+        )
     return [saved[sample_id] for sample_id in ids]
 
 
@@ -191,6 +194,37 @@ def write_out_of_fold(directory: Path, fold: int, val_set: Part, parts: list, ta
     log.info("out-of-fold predictions of fold %d: %s", fold, directory / OOF)
 
 
+def checkpoints_of(given: list[str], best_in) -> list[Path]:
+    """predict.py's --checkpoint as checkpoints: each as given; a top.json's saves (--keep-best); a run's output
+    folder, its best (`best_in(folder)`); the folder of a run of --folds, each fold's best in fold order, every
+    fold finished (else one line naming the first that is not)."""
+    found = []
+    for name in given:
+        path = Path(name)
+        if path.name == save_folders.TOP and path.is_file():
+            found += [path.parent / entry["path"] for entry in save_folders.top(path.parent)]
+        elif (path / FOLDS_CSV).is_file():
+            count = _fold_count(path / FOLDS_CSV)
+            unfinished = [fold for fold in range(count) if not finished(path, fold)]
+            if unfinished:
+                raise UserError(
+                    f"fold {unfinished[0]} of {count} in {path} is not finished (no oof.csv): an ensemble of the folds "
+                    f"takes each fold's best once its training is over; finish it with --folds {count} --fold "
+                    f"{unfinished[0]}, or name the checkpoints to average"
+                )
+            found += [best_in(Path(fold_dir(path, fold))) for fold in range(count)]
+        elif (path / "checkpoints").is_dir():
+            found.append(best_in(path))
+        else:
+            found.append(path)
+    return found
+
+
+def _fold_count(folds_csv: Path) -> int:
+    with open(folds_csv, newline="", encoding="utf-8") as file:
+        return max(int(row["fold"]) for row in csv.DictReader(file)) + 1
+
+
 def cross_validate(directory: str | Path, task: Task) -> str:
     """DIR/oof.csv (every fold's rows) and DIR/cv.json: each of the task's metrics over every fold's contributions
     pooled (oof_<name>: as one validation over all the labeled data), each fold's own, their mean and standard
@@ -202,8 +236,7 @@ def cross_validate(directory: str | Path, task: Task) -> str:
     with open(folds_csv, newline="", encoding="utf-8") as file:
         order = {row["id"]: position for position, row in enumerate(csv.DictReader(file))}
         count = max(order.values()) + 1 if order else 0
-    with open(folds_csv, newline="", encoding="utf-8") as file:
-        folds = max(int(row["fold"]) for row in csv.DictReader(file)) + 1
+    folds = _fold_count(folds_csv)
     missing = [fold for fold in range(folds) if not finished(directory, fold)]
     if missing:
         raise UserError(

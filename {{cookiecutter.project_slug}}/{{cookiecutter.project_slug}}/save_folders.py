@@ -111,19 +111,3 @@ def _others(directory: Path, epoch: int) -> list[dict]:
 def _ranked(entries: list[dict], mode: str) -> list[dict]:
     sign = -1 if mode == "max" else 1
     return sorted(entries, key=lambda entry: (sign * entry["value"], entry["epoch"]))
-
-
-def members(given: list[str], best_in) -> list[Path]:
-    """predict.py's --checkpoint as checkpoints: each as given, a top.json's saves (--keep-best), or a folds folder's
-    best of each fold (`best_in(fold-k/)`, in fold order)."""
-    found = []
-    for name in given:
-        path = Path(name)
-        folds = sorted(path.glob("fold-*"), key=lambda fold: int(fold.name.split("-")[1])) if path.is_dir() else []
-        if path.name == TOP and path.is_file():
-            found += [path.parent / entry["path"] for entry in top(path.parent)]
-        elif folds:
-            found += [best_in(fold) for fold in folds]
-        else:
-            found.append(path)
-    return found

@@ -311,6 +311,13 @@ def whole_on_rank0_only(env: DistEnv, strategy: str, init_from: str | None):
     return contextlib.nullcontext()
 
 
+def names_as_in_a_new_process():
+    """A context for one model's run among several in a process (--fold all): Paddle names parameters and
+    optimizer states by a count through the process, and a checkpoint is read back by those names, so each run
+    counts from 0, as a process of its own does (a fold resumed alone reads the states a fold-all run saved)."""
+    return paddle.utils.unique_name.guard()
+
+
 def epoch_rate(optimizer, schedule: Schedule | None, epoch: int) -> float:
     """The rate `epoch` begins at (a pass resumed within it began later), or the optimizer's without a schedule."""
     return optimizer.get_lr() if schedule is None else schedule.stepper.base_lr * schedule.factor(epoch - 1)

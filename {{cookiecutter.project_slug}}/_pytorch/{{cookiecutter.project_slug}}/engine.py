@@ -337,6 +337,12 @@ def whole_on_rank0_only(env: DistEnv, strategy: str, init_from: str | None):
     return torch.device("meta") if on_meta else contextlib.nullcontext()
 
 
+def names_as_in_a_new_process():
+    """A context for one model's run among several in a process (--fold all): nothing to do in PyTorch, whose
+    state dicts name tensors by their module path (Paddle's by a count through the process)."""
+    return contextlib.nullcontext()
+
+
 def epoch_rate(optimizer, schedule: Schedule | None, epoch: int) -> float:
     """The rate `epoch` begins at (a pass resumed within it began later), or the optimizer's without a schedule."""
     return (
