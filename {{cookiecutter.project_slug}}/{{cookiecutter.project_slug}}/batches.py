@@ -92,10 +92,11 @@ def split_by_label(labels: list[int], fraction: float, seed: int) -> tuple[list[
 
 
 class Labeled(NamedTuple):
-    """--folds: what data.py's build_labeled_set(args) returns: every labeled sample as one dataset (described from
-    all of them: class names, a vocabulary, statistics), the network's outputs, and each sample's id (unique),
-    stratum and group (None: folds are stratified, not grouped); and its key for task.write_predictions() where that
-    is not its id (segmentation: the image's id and size)."""
+    """--folds: what data.py's build_labeled_set(args) returns: every labeled sample as one dataset, the network's
+    outputs, and each sample's id (unique), stratum and group (None: folds are stratified, not grouped); its key for
+    task.write_predictions() where that is not its id (segmentation: the image's id and size); and, where a fold's
+    sets are described from its own training samples (a vocabulary, statistics), `parts(train, val)`, which makes
+    them from the samples' positions (`dataset` may then be None)."""
 
     dataset: object
     outputs: int
@@ -103,6 +104,7 @@ class Labeled(NamedTuple):
     strata: list
     groups: list | None = None
     keys: list | None = None
+    parts: object = None
 
 
 def quantile_bins(values, folds: int) -> list[int]:

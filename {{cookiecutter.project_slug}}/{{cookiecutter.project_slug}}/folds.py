@@ -127,7 +127,14 @@ def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Pa
     log.info("fold %d of %d: %d samples to train on, %d to validate on (%s)", args.fold, args.folds, len(train),
              len(val), path)  # fmt: skip
     keys = labeled.keys or ids
-    return tuple(Part(labeled.dataset, part, [ids[i] for i in part], [keys[i] for i in part]) for part in (train, val))
+    if labeled.parts is None:  # one description for every fold (the pooled set's), the fold's samples in view
+        sets, positions = (labeled.dataset, labeled.dataset), (train, val)
+    else:  # the fold's own sets, described from its training samples alone
+        sets, positions = labeled.parts(train, val), (range(len(train)), range(len(val)))
+    return tuple(
+        Part(data, list(at), [ids[i] for i in part], [keys[i] for i in part])
+        for data, at, part in zip(sets, positions, (train, val), strict=True)
+    )
 
 
 def write_folds(path: Path, ids: list[str], fold_of: list[int]) -> None:

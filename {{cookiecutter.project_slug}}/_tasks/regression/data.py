@@ -91,9 +91,9 @@ def build_datasets(args) -> tuple[Table, Table, int]:
 
 
 def build_labeled_set(args) -> Labeled:
-    """--folds: train.csv's rows and val.csv's together, described from all of them; each row's id (the id
-    column, else train.csv:<row>, 1 for the first row after the header), stratum (the target's quantile bin) and
-    group (--group-column's value)."""
+    """--folds: train.csv's rows and val.csv's together, each row's id (the id column, else train.csv:<row>, 1 for
+    the first row after the header), stratum (the target's quantile bin) and group (--group-column's value); a
+    fold's sets standardised with its own training rows' statistics."""
     if args.synthetic:
         names, train, val = synthetic_table(args.seed)
         table, ids, groups = (
@@ -104,9 +104,15 @@ def build_labeled_set(args) -> Labeled:
     else:
         root = archive.dataset_root(args.data_dir, TRAIN)
         names, table, ids, groups = read_labeled(root, args.target, getattr(args, "group_column", None))
-    description = describe(names, args.target, table)
-    dataset = Table(standardised(table[:, :-1], description), table[:, -1], description)
-    return Labeled(dataset, 1, ids, quantile_bins(table[:, -1], args.folds), groups)
+
+    def parts(train: list[int], val: list[int]) -> tuple[Table, Table]:
+        """A fold's sets, standardised with its own training rows' statistics."""
+        description = describe(names, args.target, table[train])
+        return tuple(
+            Table(standardised(table[part, :-1], description), table[part, -1], description) for part in (train, val)
+        )
+
+    return Labeled(None, 1, ids, quantile_bins(table[:, -1], args.folds), groups, parts=parts)
 
 
 def read_labeled(root: Path, target: str, group: str | None) -> tuple[list[str], np.ndarray, list[str], list | None]:

@@ -154,7 +154,8 @@ def build_datasets(args) -> tuple[TextDataset, TextDataset, int]:
 
 
 def build_labeled_set(args) -> Labeled:
-    """--folds: train.csv's texts and val.csv's together, the classes and vocabulary from all of them; each text's
+    """--folds: train.csv's texts and val.csv's together, the classes from all of them (a fold's vocabulary from its
+    own training texts); each text's
     id (the id column, else train.csv:<row>, 1 for the first row after the header), stratum (its class) and group
     (--group-column's value)."""
     if args.synthetic:
@@ -177,9 +178,16 @@ def build_labeled_set(args) -> Labeled:
             groups += [(row[group] or "").strip()] if group else []
     classes = sorted(set(names))
     labels = [classes.index(name) for name in names]
-    description = describe(classes, build_vocabulary(texts))
-    dataset = TextDataset(encode(texts, description), labels, description)
-    return Labeled(dataset, len(classes), ids, labels, groups or None)
+
+    def parts(train: list[int], val: list[int]) -> tuple[TextDataset, TextDataset]:
+        """A fold's sets, its vocabulary from its own training texts (the classes from all of them)."""
+        description = describe(classes, build_vocabulary([texts[i] for i in train]))
+        return tuple(
+            TextDataset(encode([texts[i] for i in part], description), [labels[i] for i in part], description)
+            for part in (train, val)
+        )
+
+    return Labeled(None, len(classes), ids, labels, groups or None, parts=parts)
 
 
 def read_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = True) -> list[tuple[int, dict]]:
