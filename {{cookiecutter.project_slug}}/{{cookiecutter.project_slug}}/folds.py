@@ -55,8 +55,12 @@ def datasets(task: Task, args: argparse.Namespace, is_main: bool) -> tuple:
 
 
 def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
-    """--fold all: train_one(its args) for each fold not finished yet (a finished one is said and skipped), then
-    the cross-validation score (rank 0); the job's log in DIR/train.log, each fold's in its own folder."""
+    """train_one(args): the one run asked for; or under --fold all train_one(its args) for each fold not finished
+    yet (a finished one is said and skipped), then the cross-validation score (rank 0), the job's log in
+    DIR/train.log, each fold's in its own folder."""
+    if args.fold != "all":
+        train_one(args)
+        return
     log = logs.setup_logging(args.folds_dir, env.rank)
     left = [fold for fold in range(args.folds) if not finished(args.folds_dir, fold)]
     for fold in sorted(set(range(args.folds)) - set(left)):

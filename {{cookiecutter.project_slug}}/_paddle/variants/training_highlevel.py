@@ -35,10 +35,7 @@ def train(args) -> None:
                 shown=env.local_rank == 0,
             )
         task = seam.Task()  # the three files a user owns, the one way to them; BEST_METRIC checked before any work
-        if args.fold == "all":  # --folds K: every fold not finished yet, one after another, then the CV score
-            folds.train_each(args, env, task, lambda fold_args: train_one(fold_args, env, stop, task))
-        else:
-            train_one(args, env, stop, task)
+        folds.train_each(args, env, task, lambda run_args: train_one(run_args, env, stop, task))  # (one, or each fold)
     finally:
         distributed.cleanup()
 
