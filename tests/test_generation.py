@@ -17,10 +17,10 @@ SHARED_PACKAGE = {
     "save_folders",
     "preflight",  # run.sh --check
     "machine_checks",
-    "elastic",  # NNODES=MIN:MAX
     "cli",
     "folds",  # --folds K: the folds, their runs, out-of-fold predictions, the CV score
-    "task_options",  # the task's own flags, read from data.py and task.py
+    "options",  # the kinds of values, the task's own flags, --config files and config.yaml
+    "trackers",  # --tracking mlflow and wandb
     "errors",
     "logs",
     "archive",
@@ -74,6 +74,7 @@ SHARED_TESTS = {
     "test_folder_lock.py",
     "test_disk_full.py",
     "test_stalled_ranks.py",
+    "test_config.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {
@@ -110,12 +111,15 @@ ROOT_FILES = {
     "requirements.txt",
     "requirements-dev.txt",
     "requirements-notebook.txt",
+    "requirements-tracking.txt",
     "notebook.ipynb",
     "pyproject.toml",
     ".pre-commit-config.yaml",
     ".gitignore",
     "k8s/train.yaml",
     "slurm/train.sbatch",
+    "configs/sample.yaml",  # --config examples: the sample task, its folds, a sharded run
+    "configs/folds.yaml",
 }
 JINJA_MARKS = ("{{", "}}", "{%", "%}", "cookiecutter.")
 RECOMMENDED = pre_gen.RECOMMENDED
@@ -148,6 +152,8 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
         files.add(f"{slug}/sharding.py")  # --strategy sharding
     if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":
         files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
+    else:
+        files.add("configs/sharded.yaml")  # (paddle.Model.fit does not shard)
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
     if answers.get("dataset", "zip") == "zip":
         files.add(f"data/{SAMPLES[task]}.zip")

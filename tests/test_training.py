@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import mlflow
 import pytest
 from conftest import LAUNCH_CASES, PREFLIGHT_CHECKS, SLOW_STEPS, TEMPLATE, run, tool_env
 
@@ -61,8 +62,10 @@ def free_port() -> int:
 def test_two_processes_train_write_once_resume_and_predict(bake, tmp_path, answers):
     project = bake(**answers)
     output = tmp_path / "out"
+    # The options from a file (its output-dir read from its folder), and MLflow's local store as the tracker.
+    (tmp_path / "run.yaml").write_text("epochs: 2\noutput-dir: out\ntracking: mlflow\n", encoding="utf-8")
 
-    train(project, "--epochs", "2", "--output-dir", str(output))
+    train(project, "--config", str(tmp_path / "run.yaml"))
 
     metrics = read_metrics(output)
     assert [m["epoch"] for m in metrics] == [1, 2]
@@ -83,16 +86,27 @@ def test_two_processes_train_write_once_resume_and_predict(bake, tmp_path, answe
     assert (output / "train.log").exists()
     assert [p.name for p in (output / "logs").iterdir()] == ["rank1.log"]
 
-    train(project, "--epochs", "3", "--output-dir", str(output))
+    resuming = train(project, "--config", str(output / "config.yaml"), "--epochs", "3")  # the run's own options
 
     resumed = read_metrics(output)
     assert [m["epoch"] for m in resumed] == [1, 2, 3]
     assert resumed[:2] == metrics
     assert checkpoint_summary(project, answers["framework"], output)["epoch"] == 3
+    assert "options changed since the run's last start: epochs 2 -> 3" in resuming.stdout
+    # MLflow's own client reads the one run back: the options as its parameters, every epoch, the best checkpoint.
+    client = mlflow.MlflowClient(f"sqlite:///{output / 'mlflow.db'}")
+    [tracked] = client.search_runs([client.get_experiment_by_name("dist_train").experiment_id])
+    parameters = tracked.data.params
+    assert (parameters["epochs"], parameters["tracking"], parameters["seed"]) == ("2", "mlflow", "0")
+    assert tracked.data.tags["changed.epochs"] == "2 -> 3"
+    for name in ("val_acc", "val_loss", "train_loss", "lr"):
+        history = client.get_metric_history(tracked.info.run_id, f"epoch/{name}")
+        assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[name])) for r in resumed]
+    best = "best.pt" if answers["framework"] == "pytorch" else "best.pdparams"
+    assert tracked.data.tags["best_checkpoint"] == str((output / "checkpoints" / best).resolve())
 
     # predict.sh starts its processes as run.sh does; between them they predict each image once. (That two
     # processes write the bytes one process writes is the baked project's own test.)
-    best = "best.pt" if answers["framework"] == "pytorch" else "best.pdparams"
     predictions = tmp_path / "predictions.csv"
     predicted = run(
         ["bash", "predict.sh", "--checkpoint", str(output / "checkpoints" / best), "--input", "data/digits.zip",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, elastic, machine_checks, modelarts, platforms, workspace
+from {{ cookiecutter.project_slug }} import cli, machine_checks, modelarts, platforms, roll_call, workspace
 from {{ cookiecutter.project_slug }}.errors import PlatformError
 from {{ cookiecutter.project_slug }}.platforms import Layout
 
@@ -153,8 +153,8 @@ def test_an_elastic_job_where_the_launcher_cannot_run_one_stops_with_one_line(fr
 
 
 def test_a_global_batch_that_some_allowed_world_size_cannot_reach_is_refused_at_the_start():
-    assert elastic.batch_refusal(96, 8, 2, 1, 3) is None  # 16, 32 and 48 all divide 96
-    refusal = elastic.batch_refusal(64, 8, 2, 1, 3)
+    assert roll_call.batch_refusal(96, 8, 2, 1, 3) is None  # 16, 32 and 48 all divide 96
+    refusal = roll_call.batch_refusal(64, 8, 2, 1, 3)
 
     assert "on 3 machine(s) (6 processes)" in refusal and "elastic job of 1 to 3 machines" in refusal
 

@@ -1,4 +1,5 @@
-"""Curves for TensorBoard or VisualDL: rank 0 only, one value per epoch, resumed runs continue the same curves.
+"""Curves for TensorBoard or VisualDL: rank 0 only, one value per epoch, resumed runs continue the same curves; MLflow and
+W&B missing (the runs they record are read back by test_config.py and the template's launcher matrix).
 
 What each framework's writer left is read back with its own reader (curves.py beside this file).
 """
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from curves import CPU, WRITER_MODULE, curve
 
-from {{ cookiecutter.project_slug }} import logs, notebook, settings, task, tracking, workspace
+from {{ cookiecutter.project_slug }} import logs, notebook, settings, task, trackers, tracking, workspace
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -65,6 +66,17 @@ def test_a_resumed_run_continues_the_curves_without_the_steps_trained_again(tmp_
     trained_before = [(step, 10.0 - step) for step in range(1, 6)]
     assert curve(tmp_path, "train/loss") == trained_before + [(step, 100.0 + step) for step in range(6, 13)]
     assert curve(tmp_path, "epoch/val_acc") == [(1, 0.5), (2, 0.9)]
+
+
+@pytest.mark.parametrize("tracker, package", [(trackers.MLflow, "mlflow"), (trackers.Wandb, "wandb")])
+def test_a_missing_experiment_tracker_is_one_error_naming_its_pip_install(tmp_path, monkeypatch, tracker, package):
+    monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed
+
+    with pytest.raises(UserError) as missing:
+        tracker(tmp_path, RANK_0)
+
+    assert f"pip install {package}" in str(missing.value)
+    tracker(tmp_path, RANK_1)  # other ranks never need it
 
 
 def test_a_missing_writer_package_is_one_error_naming_it_and_no_tracking(tmp_path, monkeypatch):

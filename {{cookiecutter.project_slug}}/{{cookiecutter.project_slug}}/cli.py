@@ -2,16 +2,27 @@
 task.py declare (OPTIONS, PREDICT_OPTIONS)."""
 
 import argparse
-import ast
-import math
 import os
+import sys
 from typing import NoReturn
 
-from . import task_options, workspace
+from . import options, workspace
 from .errors import PlatformError
+from .options import (
+    decay,
+    model_option,
+    non_negative_int,
+    non_negative_number,
+    number,
+    path,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)  # fmt: skip
 from .settings import DATASET, FRAMEWORK, SAMPLE
 
 TRACKER = "TensorBoard" if FRAMEWORK == "pytorch" else "VisualDL"
+TRACKERS = (TRACKER.lower(), "mlflow", "wandb", "none")  # --tracking's; the first is the default
 DEFAULT_LR = 0.05
 STRATEGIES = {"pytorch": ("ddp", "fsdp", "hsdp"), "paddle": ("ddp", "sharding")}[FRAMEWORK]
 STRATEGY_HELP = {
@@ -22,59 +33,25 @@ STRATEGY_HELP = {
 }[FRAMEWORK]
 
 
-def number(kind: type, accepted, what: str, name: str):
-    """An argparse type: `kind` (int, float) of the text, refused in one line unless accepted(value)."""
-
-    def read(text: str):
-        value = kind(text)
-        if not accepted(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-
-    read.__name__ = name  # argparse names the type in its error for text that is no number
-    return read
-
-
-positive_int = number(int, lambda value: value >= 1, "at least 1", "positive_int")
-non_negative_int = number(int, lambda value: value >= 0, "0 or more", "non_negative_int")
-# (nan and inf refused too: the waits hand the seconds to the framework and to the file lock)
-positive_seconds = number(float, lambda value: 0 < value < math.inf, "a number of seconds above 0", "positive_seconds")
-positive_number = number(float, lambda value: 0 < value < math.inf, "a number above 0", "positive_number")
-non_negative_number = number(float, lambda value: 0 <= value < math.inf, "a number, 0 or more", "non_negative_number")
-fraction = number(float, lambda value: 0 < value < 1, "between 0 and 1 (exclusive)", "fraction")
-decay = number(float, lambda value: 0 <= value < 1, "at least 0 and below 1", "decay")
-
-
-def model_option(text: str) -> tuple[str, object]:
-    """NAME=VALUE: a keyword argument of build_model(); VALUE read as a Python number, bool or None (4096, 0.1,
-    True), else as text."""
-    name, equals, value = text.partition("=")
-    if not equals or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"must be NAME=VALUE (a parameter of build_model() in model.py), got {text}")
-    try:
-        read = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        read = value
-    # Scalars only, as a checkpoint's description records them (seam.data_description()); a list stays text.
-    return name, read if isinstance(read, (bool, int, float, str, type(None))) else value
-
-
-# The types an option of data.py or task.py may name.
-TYPES = {
-    "int": int, "float": float, "str": str, "positive_int": positive_int, "positive_number": positive_number,
-    "fraction": fraction,
-}  # fmt: skip
-
-
 class OneLineParser(argparse.ArgumentParser):
     """A bad flag ends in one `error:` line, as every other bad input does, not under argparse's usage block."""
 
+    source = None  # where the values being read come from, when not the command line (options.with_config())
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
+        where = f" {self.source}" if self.source else ""
+        self.exit(2, f"error: {message}{where} ({self.prog} --help lists the flags)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="run.py", description="Train on one process, or many with a launcher (see run.sh).")
+    parser.add_argument(
+        "--config",
+        type=path,
+        metavar="FILE.yaml",
+        help="options from a YAML file (keys: these long names; flags given too win); a run writes its own as "
+        "OUTPUT_DIR/config.yaml, which repeats it",
+    )
     parser.add_argument(
         "--epochs", type=positive_int, default=10, help="epochs in total; a resumed run continues up to this"
     )
@@ -128,12 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="base seed; rank r seeds its own randomness with seed + r")
     parser.add_argument(
         "--output-dir",
+        type=path,
         help="checkpoints, logs and metrics.jsonl go here (default: output/ in the project folder; "
         "on AI Studio the workspace's output/)",
     )
     parser.add_argument(
         "--resume",
         default="auto",
+        type=path,
         help="auto: continue from OUTPUT_DIR/checkpoints/last.* if present; none: start afresh; or a checkpoint path",
     )
     parser.add_argument(
@@ -144,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--init-from",
+        type=path,
         metavar="PATH",
         help="a fresh start begins from these weights (a state dict, or a checkpoint of this project): those that "
         "fit the model by name and shape; the others (a new classifier head) are listed and keep their initial values",
@@ -163,15 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--data-dir",
+        type=path,
         help="the unpacked dataset, as data.py reads it (its docstring says what it holds), or one folder holding "
         f"it (default: data/{SAMPLE}, or a folder beside --dataset-zip named after it)",
     )
     parser.add_argument(
         "--dataset-zip",
+        type=path,
         help="archive (.zip, .tar, .tar.gz) extracted into --data-dir once per node before training"
         + (f" (default: none; without --data-dir, data/{SAMPLE}.zip)" if DATASET == "zip" else ""),
     )
-    task_options.add(parser, "OPTIONS", TYPES)
+    options.add(parser, "OPTIONS")
     batches = parser.add_mutually_exclusive_group()
     batches.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     batches.add_argument(
@@ -263,10 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tracking",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help=f"rank 0 writes the loss and the epoch metrics for {TRACKER} under OUTPUT_DIR/{TRACKER.lower()}/",
+        nargs="?",
+        choices=TRACKERS,
+        const=TRACKERS[0],
+        default=TRACKERS[0],
+        help=f"rank 0 logs the options, the loss and the epoch metrics: {TRACKERS[0]} under OUTPUT_DIR/{TRACKERS[0]}/, "
+        "mlflow in OUTPUT_DIR/mlflow.db (or MLFLOW_TRACKING_URI), wandb offline under OUTPUT_DIR/wandb/ (unless "
+        "WANDB_MODE says otherwise); pip install -r requirements-tracking.txt for the last two",
     )
+    parser.add_argument("--no-tracking", dest="tracking", action="store_const", const="none", help="--tracking none")
     parser.add_argument(
         "--find-unused-parameters",
         action="store_true",
@@ -299,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.Namespace:
     parser = _one_line_on_error(build_parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(options.with_config(parser, sys.argv[1:] if argv is None else argv))
     args.output_dir = workspace.output_dir(args.output_dir, args.train_url)  # the one place that decides it
+    args.as_given = options.as_given(parser, args)  # for config.yaml: before anything is derived from them
     if getattr(args, "sharding_stage", 1) > 1 and args.strategy != "sharding":
         parser.error(f"--sharding-stage {args.sharding_stage} needs --strategy sharding")
     if args.strategy == "sharding":  # the loop's name for it, and the log's
@@ -316,7 +304,7 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
 
 
 def _one_line_on_error(build) -> argparse.ArgumentParser:
-    """build()'s parser; a task option that cannot be one (task_options.add()) ends the process in one line."""
+    """build()'s parser; a task option that cannot be one (options.add()) ends the process in one line."""
     try:
         return build()
     except PlatformError as error:
@@ -352,7 +340,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output", help="the file (or folder) to write, by rank 0 (default: task.write_predictions()'s)"
     )
-    task_options.add(parser, "PREDICT_OPTIONS", TYPES)
+    options.add(parser, "PREDICT_OPTIONS")
     add_weights_flag(parser, "predicting")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="inputs per forward pass")
     parser.add_argument(

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import elastic
+from . import roll_call
 from .errors import UserError
 
 LOCK_NAME = ".job.lock"
@@ -64,7 +64,7 @@ def _take(folder: Path) -> tuple[int | None, str | None]:
         return None, refusal
     os.ftruncate(descriptor, 0)
     holder = f"host {socket.gethostname()}, process {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-    if job := elastic.job_id():
+    if job := roll_call.job_id():
         holder += f", elastic job {job}"
     os.pwrite(descriptor, holder.encode(), 0)
     return descriptor, None
@@ -81,7 +81,7 @@ def _refusal_after_waiting(folder: Path, descriptor: int) -> str | None:
             return None
         except BlockingIOError:
             holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
-        if (job := elastic.job_id()) and holder.endswith(f", elastic job {job}"):
+        if (job := roll_call.job_id()) and holder.endswith(f", elastic job {job}"):
             return None  # this job's own rank 0 before a restart: gone, or being stopped by its launcher
         if time.monotonic() >= deadline:
             return (

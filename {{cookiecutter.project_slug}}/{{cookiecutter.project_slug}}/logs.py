@@ -213,7 +213,8 @@ def optimizer_step(epoch: int, batch: int, batches_per_epoch: int, grad_accum: i
 
 
 class TrackerBase:
-    """Rank 0's curves (tracking.Tracker: TensorBoard or VisualDL); a no-op on other ranks and with --no-tracking.
+    """Rank 0's curves (tracking.Tracker: TensorBoard or VisualDL; trackers.py's MLflow and W&B); a no-op on other
+    ranks and with --no-tracking.
 
     start_step and start_epoch say where the run resumes (optimizer steps and epochs already
     done, 0 for a fresh run): anything recorded beyond them earlier is dropped. The framework's
@@ -257,6 +258,9 @@ class TrackerBase:
                 writer.add_scalar(f"epoch/{key}", float(value), epoch)
         for writer in self.writers.values():
             writer.flush()
+
+    def best(self, path: Path | None) -> None:
+        """The best checkpoint's path (the end of a run): for the trackers that record it (trackers.py)."""
 
     def close(self) -> None:
         for writer in self.writers.values():

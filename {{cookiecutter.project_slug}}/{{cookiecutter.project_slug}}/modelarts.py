@@ -62,6 +62,8 @@ def machine_argv(argv: list[str], args) -> list[str]:
     kept += ["--output-dir", os.path.abspath(args.output_dir), "--data-dir", os.path.abspath(args.data_dir)]
     if args.dataset_zip:
         kept += ["--dataset-zip", os.path.abspath(args.dataset_zip)]
+    if args.config:
+        kept += ["--config", os.path.abspath(args.config)]
     if args.resume not in ("auto", "none"):
         kept += ["--resume", os.path.abspath(args.resume)]
     return kept

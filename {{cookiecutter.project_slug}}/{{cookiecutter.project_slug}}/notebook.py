@@ -42,15 +42,16 @@ from .kernel_ranks import (
 from .workspace import PROJECT_ROOT
 
 
-def launch(argv: list[str] | str, nproc: int = 2, train=None) -> None:
+def launch(argv: list[str] | str, nproc: int = 2, train=None, config: str | Path | None = None) -> None:
     """Run `train(cli.parse_args(argv))` on `nproc` processes started from this kernel, and wait for them.
+    `config`: a YAML file of run.py's options, as --config FILE (argv's own win).
 
     `train` defaults to run.py's training. Raises RankFailed with the first failing rank's
     error (UserError for bad arguments); on KeyboardInterrupt every rank is stopped first.
     A `train` of your own that joins the process group ends as run.py's does: distributed.barrier(),
     then distributed.cleanup(), so that no rank leaves while another still talks to it.
     """
-    args = parse(argv)
+    args = parse(argv, config)
     if not isinstance(nproc, int) or nproc < 1:
         raise UserError(f"nproc must be a whole number of processes, 1 or more; got {nproc!r}")
     from . import framework_probe
@@ -72,13 +73,14 @@ def launch(argv: list[str] | str, nproc: int = 2, train=None) -> None:
     Ranks(context, train, args, nproc).run()
 
 
-def train_here(argv: list[str] | str, train=None) -> None:
-    """Run `train(cli.parse_args(argv))` in this process: the one-process run, with no launcher variables.
+def train_here(argv: list[str] | str, train=None, config: str | Path | None = None) -> None:
+    """Run `train(cli.parse_args(argv))` in this process: the one-process run, with no launcher variables;
+    `config` as launch()'s.
 
     A UserError comes back as itself instead of ending the kernel with SystemExit; the
     kernel's SIGTERM handler and the package logger are as they were afterwards.
     """
-    args = parse(argv)
+    args = parse(argv, config)
     train = train if train is not None else run_py_train()
     from . import distributed
 
@@ -149,9 +151,11 @@ def run_py_train():
     return train
 
 
-def parse(argv: list[str] | str):
-    """run.py's arguments; a bad one is a UserError with argparse's message, not a SystemExit of the kernel."""
+def parse(argv: list[str] | str, config: str | Path | None = None):
+    """run.py's arguments (with --config `config`); a bad one is a UserError with argparse's message, not a
+    SystemExit of the kernel."""
     argv = shlex.split(argv) if isinstance(argv, str) else [str(arg) for arg in argv]
+    argv = ["--config", str(config), *argv] if config is not None else argv
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):

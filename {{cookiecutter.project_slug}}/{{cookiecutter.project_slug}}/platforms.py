@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import cli, elastic, folder_lock, hardware, machine_checks
+from . import cli, folder_lock, hardware, machine_checks, roll_call
 from .errors import PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -135,7 +135,7 @@ def from_kubeflow(env: Mapping[str, str]) -> Layout | None:
 def from_paddle(env: Mapping[str, str]) -> Layout | None:
     if "PADDLE_MASTER" in env or "PADDLE_NNODES" in env:  # Kubeflow PaddleJob, AI Studio
         master = env.get("PADDLE_MASTER", "")
-        if master.startswith("etcd://"):  # an elastic PaddleJob: the machines meet in etcd (elastic.etcd_endpoint)
+        if master.startswith("etcd://"):  # an elastic PaddleJob: the machines meet in etcd (roll_call.etcd_endpoint)
             master = ""
         if "://" in master:
             raise PlatformError(
@@ -223,7 +223,7 @@ def decide(
             f"{layout.platform} says this job has {layout.nnodes} machines, but this project was baked for one "
             "machine (nodes=single): bake it again with nodes=multi, or give the job one machine"
         )
-    if layout.min_nnodes is not None and (why := elastic.refusal(framework, launcher, env)):
+    if layout.min_nnodes is not None and (why := roll_call.refusal(framework, launcher, env)):
         raise PlatformError(why)
     if layout.node_rank is not None and layout.node_rank >= layout.nnodes:
         raise PlatformError(
@@ -278,7 +278,7 @@ def number(name: str, text: str, minimum: int = 0) -> int:
 
 def ranged(layout: Layout, name: str, text: str) -> Layout:
     """`layout` with the machines `text` gives: N, or MIN:MAX for an elastic job ("N:N" is N)."""
-    fewest, most = elastic.machine_range(name, text)
+    fewest, most = roll_call.machine_range(name, text)
     return layout._replace(nnodes=most, min_nnodes=fewest if fewest < most else None)
 
 
@@ -305,10 +305,10 @@ def describe(layout: Layout, master_ip: str, output_dir: str) -> str:
     processes = "process" if layout.nproc == 1 else "processes"
     machines, meeting = str(layout.nnodes), f"master {master}, {port}"
     if layout.min_nnodes is not None:
-        job = elastic.job_name(os.environ, __package__, layout.master_port)
+        job = roll_call.job_name(os.environ, __package__, layout.master_port)
         machine = "(numbered by the rendezvous)"
         machines = f"{layout.min_nnodes} to {layout.nnodes} (elastic, job {job})"
-        if etcd := elastic.etcd_endpoint(os.environ):
+        if etcd := roll_call.etcd_endpoint(os.environ):
             meeting = f"master etcd {etcd}"
     return (
         f"platform: {layout.platform}; machine {machine} of {machines}; {layout.nproc} {processes} per machine; "
@@ -343,7 +343,7 @@ def main(argv: list[str]) -> None:
                 )
         elif script != "predict.py" and layout.min_nnodes is not None:
             sizes = (layout.nproc, layout.min_nnodes, layout.nnodes)
-            if why := elastic.batch_refusal(args.global_batch_size, args.batch_size, *sizes):
+            if why := roll_call.batch_refusal(args.global_batch_size, args.batch_size, *sizes):
                 raise PlatformError(why)
         # The machine of rank 0 (which holds the folder while the job runs) checks before its launcher writes logs
         # there; the others share the folder with it.
@@ -372,8 +372,8 @@ def main(argv: list[str]) -> None:
     }
     if layout.min_nnodes is not None:  # run.sh starts the launcher's elastic mode, and tells the ranks their job
         assignments["MIN_NNODES"] = layout.min_nnodes
-        assignments[elastic.JOB_ID_VARIABLE] = elastic.job_name(env, __package__, layout.master_port)
-        assignments[elastic.ETCD_VARIABLE] = elastic.etcd_endpoint(env)
+        assignments[roll_call.JOB_ID_VARIABLE] = roll_call.job_name(env, __package__, layout.master_port)
+        assignments[roll_call.ETCD_VARIABLE] = roll_call.etcd_endpoint(env)
     if check:
         assignments["JOIN_TIMEOUT"] = f"{wait_s:g}"  # the launcher's wait for the other machines
     for name, value in assignments.items():

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import distributed, elastic, save_folders
+from . import distributed, roll_call, save_folders
 from .errors import UserError, bytes_of, disk_full, no_space_line
 from .preemption import EpochProgress
 
@@ -366,8 +366,8 @@ class CheckpointerBase:
             where = f"{path} (epoch {saved['epoch'] + 1}, after its first {progress.consumed} samples)"
         else:
             where = f"{path} (epoch {saved['epoch']})"
-        if elastic.job_id():  # a restart of an elastic job, in one line
-            log.info(elastic.restart_line(saved_world, self.env.world_size, self.env.local_world_size, where))
+        if roll_call.job_id():  # a restart of an elastic job, in one line
+            log.info(roll_call.restart_line(saved_world, self.env.world_size, self.env.local_world_size, where))
         else:
             if saved_world != self.env.world_size:
                 log.warning("world size changed from %d to %d: random streams start afresh", saved_world,

@@ -3,8 +3,8 @@
 import time
 from pathlib import Path
 
-from . import archive, cli, distributed, engine, folder_lock, folds, loaders, logs, preemption, seam, tracking
-from .checkpoint import Checkpointer
+from . import archive, cli, distributed, engine, folder_lock, folds, loaders, logs, options, preemption, seam, trackers
+from .checkpoint import BEST, Checkpointer, newest
 from .errors import UserError, explain_user_errors
 from .logs import LoaderWatch
 
@@ -27,7 +27,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
     try:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
-        options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
+        model_options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -41,7 +41,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         # What predicting needs (data.py's description, --model-option's), saved with every checkpoint; build_model() gets
         # the parts it names as parameters.
-        data = seam.data_description(train_set, outputs, options)
+        data = seam.data_description(train_set, outputs, model_options)
         # --init-from under fsdp/hsdp: rank 0 alone builds the whole network, the others build it on the meta device
         # (no memory); wrap_model() sends each its shards of rank 0's weights, resume() those of the file rank 0 reads.
         with engine.whole_on_rank0_only(env, args.strategy, args.init_from):
@@ -84,9 +84,13 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
-        tracker = tracking.Tracker.resuming(
-            output_dir, env, args.tracking, state, len(train_loader), args.grad_accum, args.batch_size
-        )
+        # OUTPUT_DIR/config.yaml: the options, read back by --config to repeat the run; and the tracker's run.
+        given, resumed = options.of_run(args), checkpoints.loaded is not None
+        changed = options.record(given, output_dir, env.is_main, resumed)  # (a resumed run's are said)
+        tracker = trackers.open_tracker(
+            args.tracking, output_dir, env, state, len(train_loader), args.grad_accum, args.batch_size, given, changed,
+            resumed, args.folds_dir,
+        )  # fmt: skip
         if state.epochs_done >= args.epochs:
             log.info(
                 "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
@@ -110,6 +114,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
                     stop.after_epoch(env, epoch, args.epochs)
             checkpoints.wait_for_save()
             folds.predict_out_of_fold(args, checkpoints, model, val_loader, val_set, env, task, amp_dtype)
+            tracker.best(newest(checkpoints.directory, BEST))
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
             checkpoints.wait_for_save()

@@ -24,11 +24,10 @@ from paddle.static import InputSpec
 from . import distributed, engine, loaders
 from .batches import sample_count
 from .distributed import DistEnv
-from .logs import LoaderWatch, LossLog
+from .logs import LoaderWatch, LossLog, TrackerBase
 from .preemption import Diverged, EpochProgress, Stopped, StopRequest
 from .seam import Task
 from .state import Schedule, TrainingState
-from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ class EpochEnd(paddle.callbacks.Callback):
 
     def __init__(
         self, loader: DataLoader, env: DistEnv, state: TrainingState, stop: StopRequest, end_epoch,
-        grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None, watch: LoaderWatch | None = None,
+        grad_accum: int = 1, log_every: int | None = None, tracker: TrackerBase | None = None, watch: LoaderWatch | None = None,
         saves=None, schedule: Schedule | None = None, ema: engine.Ema | None = None,
     ):  # fmt: skip
         super().__init__()

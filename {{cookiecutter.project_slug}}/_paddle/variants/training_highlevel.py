@@ -13,11 +13,12 @@ from . import (
     folds,
     loaders,
     logs,
+    options,
     preemption,
     seam,
-    tracking,
+    trackers,
 )
-from .checkpoint import Checkpointer
+from .checkpoint import BEST, Checkpointer, newest
 from .errors import UserError, explain_user_errors, out_of_memory_is_a_user_error
 from .logs import LoaderWatch
 
@@ -46,7 +47,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
     try:
         lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
-        options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
+        model_options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
             args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
             local_rank=env.local_rank,
@@ -60,7 +61,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         engine.seed_everything(args.seed)  # the same initial weights on every rank
         # What predicting needs (data.py's description, --model-option's), saved with every checkpoint; build_model() gets
         # the parts it names as parameters (the images' channels, a vocabulary's size, ...).
-        data = seam.data_description(train_set, outputs, options)
+        data = seam.data_description(train_set, outputs, model_options)
         network = task.network(data)
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
         model = fit.paddle_model(
@@ -107,9 +108,13 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
-        tracker = tracking.Tracker.resuming(
-            output_dir, env, args.tracking, state, len(train_loader), args.grad_accum, args.batch_size
-        )
+        # OUTPUT_DIR/config.yaml: the options, read back by --config to repeat the run; and the tracker's run.
+        given, resumed = options.of_run(args), checkpoints.loaded is not None
+        changed = options.record(given, output_dir, env.is_main, resumed)  # (a resumed run's are said)
+        tracker = trackers.open_tracker(
+            args.tracking, output_dir, env, state, len(train_loader), args.grad_accum, args.batch_size, given, changed,
+            resumed, args.folds_dir,
+        )  # fmt: skip
 
         def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
             """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
@@ -136,6 +141,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
                     accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_left_to_epoch_end(), epoch_end],
                 )  # fmt: skip
             folds.predict_out_of_fold(args, checkpoints, network, val_loader, val_set, env, task, amp_dtype)
+            tracker.best(newest(checkpoints.directory, BEST))
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
             preemption.leave(stopped, checkpoints.last_path)

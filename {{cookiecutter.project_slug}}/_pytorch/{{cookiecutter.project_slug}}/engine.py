@@ -23,11 +23,10 @@ from . import distributed, fsdp, hardware, loaders, roll_call
 from .batches import sample_count
 from .distributed import DistEnv
 from .errors import out_of_memory_is_a_user_error
-from .logs import LoaderWatch, LossLog, progress_bar
+from .logs import LoaderWatch, LossLog, TrackerBase, progress_bar
 from .preemption import Diverged, EpochProgress, Stopped, StopRequest
 from .seam import Task
 from .state import Schedule
-from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ log = logging.getLogger(__name__)
 @out_of_memory_is_a_user_error(torch.OutOfMemoryError)
 def train_one_epoch(
     model, loader: DataLoader, optimizer, scaler, env: DistEnv, epoch: int, progress: EpochProgress,
-    stop: StopRequest, task: Task, grad_accum: int = 1, log_every: int | None = None, tracker: Tracker | None = None,
+    stop: StopRequest, task: Task, grad_accum: int = 1, log_every: int | None = None, tracker: TrackerBase | None = None,
     watch: LoaderWatch | None = None, amp_dtype: str | None = None, clip_grad_norm: float | None = None,
     saves=None, schedule: Schedule | None = None, ema: "Ema | None" = None,
 ) -> dict:  # fmt: skip
