@@ -320,7 +320,16 @@ def test_the_machine_command_drops_the_machine_flags_and_makes_paths_absolute(tm
     )  # fmt: skip
 
 
-def test_without_init_method_run_py_starts_as_before(monkeypatch):
+def test_the_machine_command_passes_a_config_on_with_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("epochs: 4\n", encoding="utf-8")
+    argv = ["--config", "run.yaml", "--init_method=tcp://h:1", "--rank", "1", "--world_size", "2"]
+
+    machine = modelarts.machine_argv(argv, cli.parse_args(argv))
+
+    assert machine[machine.index("--config", 2) + 1] == str(tmp_path / "run.yaml")
+    monkeypatch.chdir("/")  # run.sh starts in the project folder
+    assert cli.parse_args(machine).epochs == 4
     monkeypatch.setattr(os, "execvpe", lambda *a: pytest.fail("run.py must not become run.sh"))
     modelarts.start_this_machine(argparse.Namespace(init_method=None))
     monkeypatch.setenv("LOCAL_RANK", "0")
