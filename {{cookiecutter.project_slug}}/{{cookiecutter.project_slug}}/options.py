@@ -294,7 +294,7 @@ def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool) 
                 "; ".join(f"{name} {_shown(was)} -> {_shown(now)}" for name, (was, now) in changed.items()),
             )
     if is_main:
-        text = f"# This run's options: python run.py --config {path} repeats it (flags given with it win)\n"
+        text = f"# This run's options: python run.py --config {path.resolve()} repeats it (flags given with it win)\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{CONFIG}.partial")
         partial.write_text(text + yaml.safe_dump(options, sort_keys=False, allow_unicode=True), encoding="utf-8")
