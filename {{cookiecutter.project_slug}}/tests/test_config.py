@@ -80,6 +80,12 @@ def test_a_key_that_is_no_option_is_one_line_naming_the_nearest_of_every_option_
         ("epochs: [\n", "is not YAML"),
         ("config: other.yaml\n", "a config file cannot name another"),
         ("grad-accum: 2\nglobal-batch-size: 64\n", "--global-batch-size: not allowed with argument --grad-accum"),
+        ("output-dir: false\n", "output-dir takes a value, not false"),
+        ("output-dir: {a: 1}\n", "output-dir takes a value, not a mapping"),
+        ("help: true\n", "help is no option"),
+        ("epochs: 3\nepochs: 4\n", "epochs is given twice"),
+        ("batch-size: 3\nbatch_size: 4\n", "batch_size is given twice"),
+        ("EPOCHS: 3\n", "(the nearest: epochs)"),
     ],
 )
 def test_a_bad_config_is_one_line_naming_the_file(tmp_path, capsys, text, said):
@@ -88,8 +94,18 @@ def test_a_bad_config_is_one_line_naming_the_file(tmp_path, capsys, text, said):
     assert said in line and str(tmp_path / "run.yaml") in line
 
 
-def test_a_missing_config_is_one_line(tmp_path, capsys):
+def test_a_missing_config_or_one_not_in_utf_8_is_one_line(tmp_path, capsys):
     assert "No such file" in refusal(capsys, "--config", str(tmp_path / "none.yaml"))
+    (tmp_path / "notepad.yaml").write_bytes("epochs: 3\n".encode("utf-16"))
+    assert "is not UTF-8 text" in refusal(capsys, "--config", str(tmp_path / "notepad.yaml"))
+
+
+def test_false_is_the_no_flag_an_empty_path_the_default_and_the_platforms_own_names_are_options(tmp_path):
+    args = cli.parse_args(["--config", config(tmp_path, "tracking: false\noutput-dir: ''\ndata_url: /data\n")])
+
+    assert args.tracking == "none"
+    assert args.output_dir == cli.parse_args([]).output_dir
+    assert args.data_url == "/data"
 
 
 def test_a_flag_of_the_exclusive_pair_replaces_the_files_other(tmp_path):
@@ -228,7 +244,7 @@ def test_config_yaml_repeats_a_run_and_wandb_keeps_it_offline_and_continues_it_o
     best = [row["best_checkpoint"] for row in summaries if "best_checkpoint" in row]
     assert best and Path(best[-1]).parent == first / "checkpoints"
     runs = [record.run for record in wandb_records(resumed) if record.WhichOneof("record_type") == "run"]
-    assert "changed epochs" in {tag for run in runs for tag in run.tags}
+    assert "changed.epochs" in {tag for run in runs for tag in run.tags}
 
 
 @pytest.mark.slow

@@ -169,9 +169,11 @@ def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
 def read_config(parser: argparse.ArgumentParser, file: str) -> list[tuple[argparse.Action, str, object]]:
     """The file's (option, key, value) triples, null values left out, relative paths made the file's folder's."""
     try:
-        values = yaml.safe_load(Path(file).read_text(encoding="utf-8"))
+        values = yaml.load(Path(file).read_text(encoding="utf-8"), Loader=_UniqueKeys)
     except OSError as error:
-        parser.error(f"--config {file}: {error.strerror or error}")
+        parser.error(f"--config {file} ({os.path.abspath(file)}): {error.strerror or error}")
+    except UnicodeDecodeError:
+        parser.error(f"--config {file} is not UTF-8 text: save it as UTF-8")
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         parser.error(
@@ -184,35 +186,44 @@ def read_config(parser: argparse.ArgumentParser, file: str) -> list[tuple[argpar
         parser.error(
             f"--config {file}: must map option names to values (epochs: 10), not hold a {type(values).__name__}"
         )
-    actions = _long_options(parser)
-    found = []
+    actions = {_dashed(name): action for name, action in _long_options(parser).items()}
+    found, seen = [], set()
     for key, value in values.items():
-        name = str(key).replace("_", "-")
+        name = _dashed(str(key))
         if name == "config":
             parser.error(f"--config {file}: a config file cannot name another")
         if name not in actions:
-            nearest = difflib.get_close_matches(name, [option for option in actions if option != "config"], n=1)
+            nearest = difflib.get_close_matches(name.lower(), [option for option in actions if option != "config"], n=1)
             parser.error(f"--config {file}: {key} is no option" + (f" (the nearest: {nearest[0]})" if nearest else ""))
+        if actions[name].dest in seen:
+            parser.error(f"--config {file}: {key} is given twice (as dashes and as underscores)")
+        seen.add(actions[name].dest)
         if value is not None:
-            action = actions[name]
-            if action.type is path and not (action.dest == "resume" and value in RESUME_WORDS):
-                folder = Path(file).parent
-                value = (
-                    [_from_folder(folder, item) for item in value]
-                    if isinstance(value, list)
-                    else _from_folder(folder, value)
-                )
-            found.append((action, name, value))
+            found.append((actions[name], name, value))
     return found
 
 
-def _from_folder(folder: Path, value) -> str:
-    return os.path.normpath(folder / os.path.expanduser(str(value)))
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error, not the last one silently."""
+
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise yaml.constructor.ConstructorError(None, None, f"{key} is given twice", node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def _as_flags(parser, file: str, action: argparse.Action, name: str, value) -> list[str]:
-    """The command-line flags that give `action` the file's `value` under the key `name`."""
-    flag = f"--{name}"
+    """The command-line flags that give `action` the file's `value` under the key `name` (a relative path read from
+    the file's folder)."""
+    flag = next(option for option in action.option_strings if _dashed(option) == f"--{name}")
+    if value is False and action.nargs != 0 and f"--no-{name}" in parser._option_string_actions:
+        return [f"--no-{name}"]  # (tracking: false)
     if action.nargs == 0:  # an on/off flag
         if not isinstance(value, bool):
             parser.error(f"--config {file}: {name} is on or off: true or false, not {value!r}")
@@ -223,12 +234,17 @@ def _as_flags(parser, file: str, action: argparse.Action, name: str, value) -> l
     if isinstance(value, list):
         if not isinstance(action, argparse._AppendAction):
             parser.error(f"--config {file}: {name} takes one value, not a list")
-        return [text for item in value for text in (flag, str(item))]
+        return [piece for item in value for piece in (flag, str(item))]
     if isinstance(value, dict):
         parser.error(f"--config {file}: {name} takes a value, not a mapping")
     if value is True and action.nargs == "?":
         return [flag]
-    return [flag, str(value)]
+    if isinstance(value, bool):
+        parser.error(f"--config {file}: {name} takes a value, not {str(value).lower()}")
+    text = str(value)
+    if action.type is path and text and not (action.dest == "resume" and text in RESUME_WORDS):
+        text = os.path.normpath(Path(file).parent / os.path.expanduser(text))
+    return [flag, text]
 
 
 def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -237,7 +253,7 @@ def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]
         option[2:]: action
         for action in parser._actions
         for option in action.option_strings
-        if option.startswith("--") and action.help != argparse.SUPPRESS
+        if option.startswith("--") and action.help != argparse.SUPPRESS and not isinstance(action, argparse._HelpAction)
     }
 
 
@@ -294,7 +310,7 @@ def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool) 
                 "; ".join(f"{name} {_shown(was)} -> {_shown(now)}" for name, (was, now) in changed.items()),
             )
     if is_main:
-        text = f"# This run's options: python run.py --config {path.resolve()} repeats it (flags given with it win)\n"
+        text = f"# This run's options: bash run.sh --config {path.resolve()} repeats it (flags given with it win)\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{CONFIG}.partial")
         partial.write_text(text + yaml.safe_dump(options, sort_keys=False, allow_unicode=True), encoding="utf-8")

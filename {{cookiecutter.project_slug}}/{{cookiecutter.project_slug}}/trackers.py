@@ -74,16 +74,23 @@ class MLflow(TrackerBase):
     def begin(self, options: dict, changed: dict, run_id: str | None, job_dir: Path, run_name: str) -> None:
         from mlflow import MlflowClient
         from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its "Creating initial MLflow database tables..."
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         self.client = MlflowClient(uri or f"sqlite:///{job_dir.resolve() / 'mlflow.db'}")
         if run_id is not None:
-            self.run_id = run_id
-            self.client.update_run(run_id, status="RUNNING")
-            for option, (was, now) in changed.items():
-                self.client.set_tag(run_id, f"changed.{option}", f"{was} -> {now}")
-            return
+            try:
+                self.client.update_run(run_id, status="RUNNING")
+            except MlflowException:  # (the store was removed, or MLFLOW_TRACKING_URI names another)
+                logging.getLogger(__package__).info(
+                    "MLflow has no run %s in its store: the run goes on in a new one", run_id
+                )
+            else:
+                self.run_id = run_id
+                for option, (was, now) in changed.items():
+                    self.client.set_tag(run_id, f"changed.{option}", f"{was} -> {now}")
+                return
         experiment = self.client.get_experiment_by_name(__package__)
         experiment_id = (
             experiment.experiment_id
@@ -108,12 +115,13 @@ class MLflow(TrackerBase):
             self.client.log_batch(self.run_id, metrics=metrics)
 
     def best(self, path: Path | None) -> None:
+        self.finished = True  # (called at a run's end only: a stopped or failed run ends without it)
         if self.active and path is not None:
             self.client.set_tag(self.run_id, "best_checkpoint", str(path.resolve()))
 
     def close(self) -> None:
         if self.active and getattr(self, "run_id", None):
-            self.client.set_terminated(self.run_id)
+            self.client.set_terminated(self.run_id, "FINISHED" if getattr(self, "finished", False) else "KILLED")
 
 
 class Wandb(TrackerBase):
@@ -132,7 +140,7 @@ class Wandb(TrackerBase):
         self.run.define_metric("epoch/*", step_metric="epoch")
         if changed:
             self.run.config.update({option: now for option, (_, now) in changed.items()}, allow_val_change=True)
-            self.run.tags = (*self.run.tags, *(f"changed {option}" for option in changed))
+            self.run.tags = (*self.run.tags, *(f"changed.{option}" for option in changed))
 
     def loss(self, step: int, value: float) -> None:
         if self.active:
@@ -143,10 +151,11 @@ class Wandb(TrackerBase):
             self.run.log({**_numbers(record), "epoch": epoch})
 
     def best(self, path: Path | None) -> None:
+        self.finished = True  # (called at a run's end only: a stopped or failed run ends without it)
         if self.active and path is not None:
             self.run.summary["best_checkpoint"] = str(path.resolve())
 
     def close(self) -> None:
         if self.active and getattr(self, "run", None) is not None:
-            self.run.finish()
+            self.run.finish(exit_code=0 if getattr(self, "finished", False) else 1)
             self.run = None
