@@ -96,16 +96,48 @@ def test_two_deterministic_runs_train_the_same_losses(project_root, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_compiled_run_saves_the_plain_model_and_resumes_with_or_without_compile(project_root, tmp_path):
-    output = tmp_path / "output"
+def test_a_compiled_run_compiles_each_batch_size_once_saves_the_plain_model_and_resumes_with_or_without_compile(
+    project_root, tmp_path, monkeypatch
+):
+    output, torch_log = tmp_path / "output", tmp_path / "torch.log"
+    monkeypatch.setenv("TORCH_LOGS", "recompiles,dynamic")  # PyTorch's account of what it compiled, and why
+    monkeypatch.setenv("TORCH_LOGS_OUT", str(torch_log))  # (both processes append to it, each line with its pid)
 
-    log = run_sh(project_root, output, "--epochs", "1", "--compile")
+    log = run_sh(project_root, output, "--epochs", "3", "--compile")
+    monkeypatch.delenv("TORCH_LOGS")
     weights, data = checkpoint.read_weights(inference.checkpoint_path(output, "last"))
-    run_sh(project_root, output, "--epochs", "2")  # resumed without --compile
-    run_sh(project_root, output, "--epochs", "3", "--compile")  # and with it again
+    run_sh(project_root, output, "--epochs", "4")  # resumed without --compile
+    run_sh(project_root, output, "--epochs", "5", "--compile")  # and with it again
 
     model = seam.Task().network(data)
     assert sorted(weights) == sorted(model.state_dict())  # no _orig_mod., no module.
-    assert [epoch for epoch, *_ in losses(output)] == [1, 2, 3]
+    assert [epoch for epoch, *_ in losses(output)] == [1, 2, 3, 4, 5]
     if settings.FRAMEWORK == "paddle":
         assert "--compile is PyTorch's" in log
+        return
+    assert "--compile: the first step took" in log
+    lines = torch_log.read_text(encoding="utf-8").splitlines()
+    # The batch dimension is never symbolic: an epoch's last, smaller batch compiled for its own size.
+    assert not [line for line in lines if "create_symbol" in line and ".size()[0]" in line]
+    # No process compiles for the same cause twice (3 epochs: a recompilation each epoch would), nor often enough
+    # to reach dynamo's limit of 8 and fall back to eager.
+    causes = recompile_causes(lines)
+    assert causes and all(len(set(found)) == len(found) < 8 for found in causes.values()), causes
+
+
+def recompile_causes(lines: list[str]) -> dict[str, list[str]]:
+    """Each process's recompilations in TORCH_LOGS=recompiles lines (processes by pid): "frame: the first guard
+    that failed", e.g. "0: - 0/0: tensor 'args[0]' size mismatch at index 0. expected 32, actual 15"."""
+    said: dict[str, list[tuple[str, str]]] = {}
+    for line in lines:
+        if "[__recompiles]" in line:
+            where, text = line.split("[__recompiles]", 1)
+            said.setdefault(line.split()[2], []).append((where.rsplit("[", 1)[1].strip("] "), text.strip()))
+    return {
+        process: [
+            frame.split("/")[0] + ": " + next(later for _, later in found[index + 1 :] if later.startswith("- "))
+            for index, (frame, text) in enumerate(found)
+            if text.startswith("Recompiling")
+        ]
+        for process, found in said.items()
+    }

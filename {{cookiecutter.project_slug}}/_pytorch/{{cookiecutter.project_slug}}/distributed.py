@@ -235,7 +235,37 @@ def wrap_model(
     elif env.world_size > 1:
         device_ids = [env.local_rank] if env.on_gpu else None
         model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
-    return torch.compile(model) if compile else model
+    if not compile:
+        return model
+    compiled = torch.compile(model)
+    compiled.register_forward_pre_hook(_StaticBatches(env.is_main), with_kwargs=True)
+    return compiled
+
+
+class _StaticBatches:
+    """torch.compile's forward pre-hook: the batch dimension of every input stays static. Dynamo would make it dynamic
+    at the first batch of another size (an epoch's last), and every later step would run kernels compiled for any
+    size, slower than static ones; so a new size compiles once for itself (PyTorch's recompile limit, 8, is far), and
+    other dimensions (a text batch padded to its longest) may still turn dynamic. The first step's time, its compile
+    included, is said once."""
+
+    def __init__(self, is_main: bool):
+        self.is_main, self.started = is_main, None
+
+    def __call__(self, module, args, kwargs) -> None:
+        for tensor in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+                torch._dynamo.mark_static(tensor, 0)
+        if not module.training:
+            return
+        if self.started is None:
+            self.started = time.perf_counter()
+        elif self.started:  # the second training step: the first one has compiled
+            if self.is_main:
+                _log.info(
+                    "--compile: the first step took %.1f s, compiling included", time.perf_counter() - self.started
+                )
+            self.started = 0.0
 
 
 def wrap_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, strategy: str = "ddp"):
