@@ -13,7 +13,7 @@ def report(**changes) -> dict:
         "host": "gpu07", "build": "torch 2.13.0 (CUDA 13.0)", "processes": 8, "code": "265af5316094",
         "data": "the archive /data/set.zip", "data_path": "/data/set.zip", "output": "/shared/out",
         "unwritable": None, "sees_token": True, "free": 100 * 2**30, "need": 2**30, "workers": 64,
-        "shm": 64 * SHM_PER_WORKER, "lines": [],
+        "shm": 64 * SHM_PER_WORKER, "untracked": None, "lines": [],
     } | changes  # fmt: skip
 
 
@@ -39,6 +39,12 @@ def test_an_output_folder_machine_1_cannot_write_is_said_rather_than_that_it_dif
     [problem] = preflight.machine_problems([report(), report(unwritable="Permission denied", sees_token=False)])
 
     assert "cannot write the output folder /shared/out (Permission denied)" in problem
+
+
+def test_a_tracker_machine_0_has_not_installed_is_a_problem_naming_its_pip_install():
+    [problem] = preflight.machine_problems([report(untracked="mlflow"), report(host="gpu08")])
+
+    assert problem.startswith("machine 0 (gpu07): --tracking mlflow needs its package: pip install mlflow")
 
 
 def test_a_disk_without_room_for_the_next_checkpoint_is_a_problem():

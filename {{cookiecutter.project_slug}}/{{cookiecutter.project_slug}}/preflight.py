@@ -9,6 +9,7 @@ exit status CHECK_FAILED_STATUS. Nothing is left in the output folder.
 """
 
 import contextlib
+import importlib.util
 import secrets
 import socket
 import sys
@@ -107,6 +108,9 @@ def machine_report(args, env, output: Path, token: str | None) -> dict:
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
     shm = machine_checks.shm_free()
     room = f"{free / 2**30:.1f} GiB free" + (f", the last checkpoint {need / MiB:.0f} MiB" if need else "")
+    # --tracking's value is its package's name; rank 0 alone tracks, on machine 0.
+    tracker = None if args.tracking == "none" or not env.is_main else args.tracking
+    untracked = tracker is not None and importlib.util.find_spec(tracker) is None
     return {
         "host": socket.gethostname(),
         "build": build,
@@ -121,12 +125,14 @@ def machine_report(args, env, output: Path, token: str | None) -> dict:
         "need": need,
         "workers": workers * env.local_world_size,
         "shm": shm,
+        "untracked": tracker if untracked else None,
         "lines": [
             ("framework", f"{build}; {env.local_world_size} process(es) on {where}"),
             ("code", f"{code} ({files} files of the project)"),
             ("data", "synthetic, nothing to read" if args.synthetic else data or "missing"),
             ("output", f"{output}: " + (f"cannot be written ({unwritable})" if unwritable else room)),
             ("shm", shm_line(shm, workers * env.local_world_size)),
+            *([("tracking", f"{tracker}: " + ("not installed" if untracked else "installed"))] if tracker else []),
         ],
     }
 
@@ -163,6 +169,11 @@ def machine_problems(reports: list[dict]) -> list[str]:
                 "there, or give --data-dir / --dataset-zip a path every machine sees"
             )
         problems += output_problems(report, machine, first)
+        if report["untracked"]:
+            problems.append(
+                f"{machine}: --tracking {report['untracked']} needs its package: pip install {report['untracked']}, "
+                "or pass --no-tracking"
+            )
         if report["workers"] and (report["shm"] or 0) < report["workers"] * SHM_PER_WORKER:
             problems.append(
                 f"{machine}: {shm_line(report['shm'], report['workers'])}: make /dev/shm larger (docker run "
