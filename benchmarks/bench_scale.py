@@ -9,7 +9,13 @@ A baked PyTorch project; a model of 28 M parameters (three 3072 x 3072 linear la
   last step), with save_in_background(False) (sync), True (async, its last save waited for and counted), and
   with no saves (the reference): the three in turn in one job, a different one first in each repetition. The
   time a save costs training is (the run's time - the reference's) / SAVES, within each repetition; and per
-  save, from its call to the end of the EVERY steps after it, less the same steps' time without saves.
+  save, from its call to the end of the EVERY steps after it, less the same steps' time without saves;
+- step cost, 2 processes: a training step of the sample model (model.py's, --model-option width=4096: 4.3 M
+  parameters, batch 32 of 16 x 16 images, SGD) through distributed.wrap_model() with --strategy ddp and fsdp, and
+  fsdp with FSDP2's reshard_after_forward=False (its units keep their gathered parameters from forward to backward:
+  no second all-gather, the full parameters held meanwhile), in turn; and gloo's own collectives on the largest
+  layer's 4.2 M floats: all-reduce (what ddp sends per step), all-gather and reduce-scatter (what fsdp sends per
+  unit and step).
 
     python benchmarks/bench_scale.py [--work build/bench] [--repeats 5]
 """
@@ -33,6 +39,8 @@ from torch import nn
 WIDTH, BATCH, EVERY, SAVES = 3072, 64, 2, 5
 STEPS = (SAVES + 1) * EVERY  # the loop never saves at its last step: SAVES saves, each followed by EVERY steps
 MODES = ("reference", "sync", "async")
+STEP_WIDTH, STEP_BATCH, TIMED_STEPS = 4096, 32, 25
+STEP_VARIANTS = ("ddp", "fsdp", "fsdp, reshard_after_forward=False")
 HERE = Path(__file__).resolve().parent
 
 
@@ -106,6 +114,67 @@ def save_cost(env, output: Path, repeats: int) -> dict:
     return {"seconds": seconds, "stretches": stretches, "save_bytes": sum(f.stat().st_size for f in saved.iterdir())}
 
 
+def step_model(env, variant: str) -> nn.Module:
+    from dist_train import distributed, fsdp
+    from dist_train.model import build_model
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    network = build_model(num_classes=10, channels=1, width=STEP_WIDTH)
+    if variant == STEP_VARIANTS[2]:  # what fsdp.shard() does, but the units keep their parameters after forward
+        for unit in fsdp.units(network):
+            fully_shard(unit, reshard_after_forward=False)
+        return fully_shard(network)
+    return distributed.wrap_model(network, env, strategy=variant)
+
+
+def median_step(model: nn.Module, optimizer, images: torch.Tensor, labels: torch.Tensor) -> float:
+    from dist_train import distributed
+
+    took = []
+    for _ in range(TIMED_STEPS):
+        distributed.barrier()
+        started = time.perf_counter()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        took.append(time.perf_counter() - started)
+    return median(took[3:])  # (the first steps allocate)
+
+
+def step_cost(env, repeats: int) -> dict:
+    """Median step seconds per variant and repetition (the variants in turn), and gloo's collectives' seconds."""
+    import torch.distributed as dist
+
+    models = {variant: step_model(env, variant) for variant in STEP_VARIANTS}
+    optimizers = {
+        variant: torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) for variant, model in models.items()
+    }
+    images, labels = torch.randn(STEP_BATCH, 1, 16, 16), torch.randint(0, 10, (STEP_BATCH,))
+    steps = {variant: [] for variant in STEP_VARIANTS}
+    for repeat in range(repeats):
+        order = STEP_VARIANTS[repeat % 3 :] + STEP_VARIANTS[: repeat % 3]
+        for variant in order:
+            steps[variant].append(median_step(models[variant], optimizers[variant], images, labels))
+    whole = torch.randn(STEP_WIDTH * 1024)  # the largest layer's weight: 1024 x 4096
+    shard, gathered = torch.randn(whole.numel() // env.world_size), torch.empty_like(whole)
+    collectives = {
+        "all-reduce": lambda: dist.all_reduce(whole),
+        "all-gather": lambda: dist.all_gather_into_tensor(gathered, shard),
+        "reduce-scatter": lambda: dist.reduce_scatter_tensor(shard, whole),
+    }
+    timed = {}
+    for name, collective in collectives.items():
+        took = []
+        for _ in range(TIMED_STEPS):
+            dist.barrier()
+            started = time.perf_counter()
+            collective()
+            took.append(time.perf_counter() - started)
+        timed[name] = median(took[3:])
+    return {"step_s": steps, "collective_s": timed}
+
+
 def worker(project: Path, output: Path, repeats: int) -> None:
     """One torchrun job: rank 0 prints its figures as one line of JSON."""
     sys.path.insert(0, str(project))
@@ -118,7 +187,7 @@ def worker(project: Path, output: Path, repeats: int) -> None:
         if env.is_main:
             shutil.rmtree(output, ignore_errors=True)
         distributed.barrier()
-        figures |= save_cost(env, output, repeats)
+        figures |= save_cost(env, output, repeats) | step_cost(env, repeats)
     if env.is_main:
         print(json.dumps(figures))
     distributed.cleanup()
@@ -162,6 +231,21 @@ def measure(work: Path, repeats: int) -> dict:
         "lost_per_save_s": {mode: summary(values) for mode, values in lost.items()},
         "stretch_lost_per_save_s": {mode: summary(values) for mode, values in stretch_lost.items()},
         "async_over_sync": summary([a / s for a, s in zip(stretch_lost["async"], stretch_lost["sync"], strict=True)]),
+    } | step_figures(jobs[2])
+
+
+def step_figures(job: dict) -> dict:
+    """step_cost()'s figures: each variant's median step, its ratio to ddp's within each repetition, and gloo's
+    collectives."""
+    steps = job["step_s"]
+    return {
+        "step_s": {variant: summary(values) for variant, values in steps.items()},
+        "step_over_ddp": {
+            variant: summary([s / d for s, d in zip(values, steps["ddp"], strict=True)])
+            for variant, values in steps.items()
+        },
+        "collective_s": job["collective_s"],
+        "step_repeats": len(steps["ddp"]),
     }
 
 
@@ -203,6 +287,39 @@ def section(figures: dict) -> list[str]:
         f"| async saves | {fmt(figures['run_s']['async'], 2)} | {fmt(lost['async'], 2)} | {fmt(stretch['async'], 2)} |",
         "",
         f"Async / sync time lost per save (stretch medians): {fmt(figures['async_over_sync'], 2)}.",
+        "",
+    ]
+    return lines + step_section(figures)
+
+
+def step_section(figures: dict) -> list[str]:
+    """The step cost's part of the section."""
+    steps, ratios, collective = figures["step_s"], figures["step_over_ddp"], figures["collective_s"]
+    floor = collective["all-gather"] + collective["reduce-scatter"] - collective["all-reduce"]
+    lines = [
+        f"**A step's cost, fsdp against ddp**, 2 processes (gloo, one core each): the sample model with"
+        f" `--model-option width={STEP_WIDTH}` (4.3 M parameters, 4.2 M of them in one linear layer), batch"
+        f" {STEP_BATCH} of 16 x 16 images, SGD; the median of {TIMED_STEPS - 3} steps, the variants in turn,"
+        f" {figures['step_repeats']} repetitions; the ratio to ddp within each repetition.",
+        "",
+        "| strategy | step ms | against ddp |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {variant} | {fmt({k: v * 1000 for k, v in steps[variant].items() if k != 'n'}, 1)} |"
+        f" {fmt(ratios[variant], 2)} |"
+        for variant in steps
+    ]
+    lines += [
+        "",
+        f"gloo's own collectives on that layer's {STEP_WIDTH * 1024 / 1e6:.1f} M floats (medians): all-reduce"
+        f" {collective['all-reduce'] * 1000:.1f} ms (ddp's per step), all-gather {collective['all-gather'] * 1000:.1f}"
+        f" ms and reduce-scatter {collective['reduce-scatter'] * 1000:.1f} ms (fsdp's per step, the all-gather twice"
+        " when the unit reshards after forward). With the all-gather once, fsdp's collectives take"
+        f" {floor * 1000:.1f} ms more than ddp's each step, whatever FSDP2's settings: with one core per process"
+        f" little of it overlaps computation, so fsdp's step is at least about"
+        f" {(steps['ddp']['median'] + floor) / steps['ddp']['median']:.2f} of ddp's here, before FSDP2's own"
+        " copies into and out of its flat buffers: gloo's reduce-scatter costs more than its all-reduce.",
         "",
     ]
     return lines
