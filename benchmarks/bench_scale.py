@@ -12,8 +12,8 @@ A baked PyTorch project; a model of 28 M parameters (three 3072 x 3072 linear la
   save, from its call to the end of the EVERY steps after it, less the same steps' time without saves;
 - step cost, 2 processes: a training step of the sample model (model.py's, --model-option width=4096: 4.3 M
   parameters, batch 32 of 16 x 16 images, SGD) through distributed.wrap_model() with --strategy ddp and fsdp, and
-  fsdp with FSDP2's reshard_after_forward=False (its units keep their gathered parameters from forward to backward:
-  no second all-gather, the full parameters held meanwhile), in turn; and gloo's own collectives on the largest
+  fsdp with --no-reshard-after-forward (FSDP2's reshard_after_forward=False: its units keep their gathered parameters
+  from forward to backward, no second all-gather, the full parameters held meanwhile), in turn; and gloo's own collectives on the largest
   layer's 4.2 M floats: all-reduce (what ddp sends per step), all-gather and reduce-scatter (what fsdp sends per
   unit and step).
 
@@ -115,17 +115,13 @@ def save_cost(env, output: Path, repeats: int) -> dict:
 
 
 def step_model(env, variant: str) -> nn.Module:
-    from dist_train import distributed, fsdp
+    from dist_train import distributed
     from dist_train.model import build_model
-    from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     network = build_model(num_classes=10, channels=1, width=STEP_WIDTH)
-    if variant == STEP_VARIANTS[2]:  # what fsdp.shard() does, but the units keep their parameters after forward
-        for unit in fsdp.units(network):
-            fully_shard(unit, reshard_after_forward=False)
-        return fully_shard(network)
-    return distributed.wrap_model(network, env, strategy=variant)
+    strategy = variant.split(",")[0]  # ("fsdp, reshard_after_forward=False": --no-reshard-after-forward)
+    return distributed.wrap_model(network, env, strategy=strategy, reshard_after_forward="False" not in variant)
 
 
 def median_step(model: nn.Module, optimizer, images: torch.Tensor, labels: torch.Tensor) -> float:

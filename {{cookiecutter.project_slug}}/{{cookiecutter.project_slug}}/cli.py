@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
             "also the parameters (GPUs only)",
         )
     parser.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="PyTorch's --strategy fsdp and hsdp: each unit frees its gathered parameters after its forward and "
+        "gathers them again for its backward (the least memory); --no-reshard-after-forward keeps them until the "
+        "backward: one all-gather a step less, the whole parameters held meanwhile",
+    )
+    parser.add_argument(
         "--activation-checkpointing",
         action="store_true",
         help="recompute the activations of the model's blocks (FSDP_UNITS in model.py) in the backward pass instead "

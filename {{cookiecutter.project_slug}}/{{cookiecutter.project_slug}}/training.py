@@ -50,7 +50,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
         model = distributed.wrap_model(
             network, env, args.find_unused_parameters, args.compile, args.channels_last, args.strategy,
-            args.activation_checkpointing, amp_dtype, task.units,
+            args.activation_checkpointing, amp_dtype, task.units, args.reshard_after_forward,
         )  # fmt: skip
         engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
         optimizer = task.optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)

@@ -260,7 +260,7 @@ def sync_batch_norm(model: paddle.nn.Layer, env: DistEnv, enabled: bool) -> padd
 def wrap_model(
     model: paddle.nn.Layer, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
     channels_last: bool = False, strategy: str = "ddp", activation_checkpointing: bool = False, amp_dtype=None,
-    units: tuple = (),
+    units: tuple = (), reshard_after_forward: bool = True,
 ) -> paddle.nn.Layer:  # fmt: skip
     """The model (on this rank's device: setup() made it paddle's default), in DataParallel on several ranks.
 
@@ -271,6 +271,11 @@ def wrap_model(
     are not applied.
     """
     _say_pytorch_only(compile, channels_last, activation_checkpointing)
+    if not reshard_after_forward:
+        _log.info(
+            "--no-reshard-after-forward is PyTorch's fsdp: paddle's counterpart is --sharding-stage 2 (whole "
+            "parameters, sharded gradients and optimizer state)"
+        )
     sharding.check_device(strategy, env.on_gpu)
     if env.world_size == 1 and strategy != "ddp":
         _log.info("--strategy %s on one process: nothing to shard, the model trains whole", strategy)

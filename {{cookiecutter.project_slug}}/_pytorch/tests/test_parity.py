@@ -54,7 +54,9 @@ def cross_entropy(model, batch) -> torch.Tensor:
 CLASSIFICATION = seam.Task(task=SimpleNamespace(BEST_METRIC="loss", BEST_MODE="min", training_loss=cross_entropy))
 
 
-def train(batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False) -> dict:
+def train(
+    batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False, reshard: bool = True
+) -> dict:
     """Train with the project's loaders, model wrapper (DDP, or FSDP's shards) and loop; return parameters and
     per-epoch stats."""
     env = distributed.setup("cpu", timeout_s=120)
@@ -62,7 +64,9 @@ def train(batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bo
         train_loader, _ = loaders.build_loaders(dataset(), dataset(), batch_size, 0, 5, env)
         network = small_mlp()
         forwards = count_forwards(network)
-        model = distributed.wrap_model(network, env, strategy=strategy, activation_checkpointing=recompute)
+        model = distributed.wrap_model(
+            network, env, strategy=strategy, activation_checkpointing=recompute, reshard_after_forward=reshard
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
         scaler = engine.grad_scaler(False)
         epochs = [
@@ -102,13 +106,13 @@ def count_forwards(network: nn.Module) -> list[int]:
 
 def rank_worker(
     rank: int, world_size: int, port: int, batch_size: int, grad_accum: int, strategy: str, recompute: bool,
-    out_dir: str,
+    reshard: bool, out_dir: str,
 ) -> None:  # fmt: skip
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size)
     )
-    save_rank_result(out_dir, rank, train(batch_size, grad_accum, strategy, recompute))
+    save_rank_result(out_dir, rank, train(batch_size, grad_accum, strategy, recompute, reshard))
 
 
 def free_port() -> int:
@@ -118,12 +122,13 @@ def free_port() -> int:
 
 
 def train_in_ranks(
-    tmp_path, world_size: int, batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False
-) -> list[dict]:
+    tmp_path, world_size: int, batch_size: int, grad_accum: int, strategy: str = "ddp", recompute: bool = False,
+    reshard: bool = True,
+) -> list[dict]:  # fmt: skip
     """Train in world_size spawned processes joined by gloo; every rank's result."""
-    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}_{strategy}_{recompute}"
+    out_dir = tmp_path / f"w{world_size}_b{batch_size}_a{grad_accum}_{strategy}_{recompute}_{reshard}"
     out_dir.mkdir()
-    arguments = (world_size, free_port(), batch_size, grad_accum, strategy, recompute, str(out_dir))
+    arguments = (world_size, free_port(), batch_size, grad_accum, strategy, recompute, reshard, str(out_dir))
     mp.spawn(rank_worker, args=arguments, nprocs=world_size)
     return rank_results(out_dir, world_size)
 
@@ -179,6 +184,11 @@ def test_two_ranks_sharding_the_model_with_fsdp_match_one_process_with_batch_2b(
     ranks = train_in_ranks(tmp_path, world_size=2, batch_size=B // grad_accum, grad_accum=grad_accum, strategy="fsdp")
 
     for result in ranks:
+        assert_same_training(result, one_process_with_batch_2b)
+
+
+def test_fsdp_keeping_the_gathered_parameters_until_backward_trains_the_same(tmp_path, one_process_with_batch_2b):
+    for result in train_in_ranks(tmp_path, world_size=2, batch_size=B, grad_accum=1, strategy="fsdp", reshard=False):
         assert_same_training(result, one_process_with_batch_2b)
 
 

@@ -212,7 +212,7 @@ def sync_batch_norm(model: torch.nn.Module, env: DistEnv, enabled: bool) -> torc
 def wrap_model(
     model: torch.nn.Module, env: DistEnv, find_unused_parameters: bool = False, compile: bool = False,
     channels_last: bool = False, strategy: str = "ddp", activation_checkpointing: bool = False,
-    amp_dtype: str | None = None, units: tuple = (),
+    amp_dtype: str | None = None, units: tuple = (), reshard_after_forward: bool = True,
 ) -> torch.nn.Module:  # fmt: skip
     """The model on this rank's device (in channels-last memory format with --channels-last: convolutions then
     run on channels-last inputs), on several ranks in DistributedDataParallel (`strategy` ddp) or sharded by
@@ -231,7 +231,7 @@ def wrap_model(
         machines = env.world_size // env.local_world_size if strategy == "hsdp" else 1
         if strategy == "hsdp" and machines == 1:
             _log.info("--strategy hsdp on one machine: sharded over its processes, as fsdp")
-        model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype, units)
+        model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype, units, reshard_after_forward)
     elif env.world_size > 1:
         device_ids = [env.local_rank] if env.on_gpu else None
         model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)

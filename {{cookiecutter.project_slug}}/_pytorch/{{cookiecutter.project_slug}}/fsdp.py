@@ -26,11 +26,19 @@ def shards(strategy: str, world_size: int) -> bool:
 
 
 def shard(
-    model: nn.Module, device_type: str, world_size: int, machines: int, amp_dtype: str | None, unit_types: tuple = ()
+    model: nn.Module,
+    device_type: str,
+    world_size: int,
+    machines: int,
+    amp_dtype: str | None,
+    unit_types: tuple = (),
+    reshard_after_forward: bool = True,
 ) -> nn.Module:
     """`model` sharded over the job's ranks (machines 1: fsdp), or within each machine and replicated across the
     `machines` (hsdp: a shard's all-gathers stay on the machine's fast links). Its parameters compute in the
-    run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32.
+    run's mixed precision (`amp_dtype`: "bf16", "fp16" or None) and gradients are reduced in float32. A unit frees
+    its gathered parameters after its forward, or with `reshard_after_forward` False keeps them for its backward
+    (one all-gather a step less; FSDP2 keeps the root's anyway).
     Ranks that made `model` on the meta device (engine.whole_on_rank0_only()) get their shards of rank 0's."""
     if machines > 1:
         mesh = init_device_mesh(device_type, (machines, world_size // machines), mesh_dim_names=("replicate", "shard"))
@@ -40,7 +48,7 @@ def shard(
     from_rank0 = any(_every_rank(_on_meta(model)))  # rank 0, which sends, must know too: one small collective
     whole = model.state_dict() if from_rank0 and dist.get_rank() == 0 else {}  # kept until the shards are sent
     for unit in units(model, unit_types):
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     if from_rank0:
         _fill_from_rank0(model, whole, device_type)
