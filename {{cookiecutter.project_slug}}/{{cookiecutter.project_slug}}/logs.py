@@ -228,6 +228,7 @@ class TrackerBase:
         self.directory = Path(output_dir) / self.FOLDER
         self.start = {"steps": start_step, "epochs": start_epoch}
         self.writers: dict = {}
+        self.finished = False  # best() says the run ended
         if self.active and importlib.util.find_spec(self.PACKAGE) is None:
             raise UserError(
                 f"tracking needs the {self.PACKAGE} package: pip install {self.PACKAGE}, or pass --no-tracking"
@@ -253,14 +254,15 @@ class TrackerBase:
         if not self.active:
             return
         writer = self._writer("epochs")
-        for key, value in record.items():
-            if key != "epoch" and isinstance(value, int | float) and not isinstance(value, bool):
-                writer.add_scalar(f"epoch/{key}", float(value), epoch)
+        for tag, value in epoch_numbers(record).items():
+            writer.add_scalar(tag, value, epoch)
         for writer in self.writers.values():
             writer.flush()
 
     def best(self, path: Path | None) -> None:
-        """The best checkpoint's path (the end of a run): for the trackers that record it (trackers.py)."""
+        """The best checkpoint's path, at the end of a run (a stopped or failed one ends without it): for the trackers
+        that record it (trackers.py)."""
+        self.finished = True
 
     def close(self) -> None:
         for writer in self.writers.values():
@@ -269,6 +271,15 @@ class TrackerBase:
 
     def _writer(self, run: str):
         raise NotImplementedError
+
+
+def epoch_numbers(record: dict) -> dict[str, float]:
+    """A metrics.jsonl record's numbers but the epoch, by their trackers' tags (epoch/<name>)."""
+    return {
+        f"epoch/{key}": float(value)
+        for key, value in record.items()
+        if key != "epoch" and isinstance(value, int | float) and not isinstance(value, bool)
+    }
 
 
 CHECK_AFTER_STEPS = 20  # the first steps of a run include the workers' start

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from . import tracking
-from .logs import TrackerBase
+from .logs import TrackerBase, epoch_numbers
 
 RUN_IDS = "tracker_runs.json"
 
@@ -43,29 +43,20 @@ def open_tracker(
     return tracker
 
 
-def _run_id(output_dir, name: str) -> str | None:
+def _run_ids(output_dir) -> dict:
+    """OUTPUT_DIR/tracker_runs.json: each tracker's run id ({} where there is none yet)."""
     try:
-        return json.loads((Path(output_dir) / RUN_IDS).read_text(encoding="utf-8")).get(name)
+        return json.loads((Path(output_dir) / RUN_IDS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return {}
+
+
+def _run_id(output_dir, name: str) -> str | None:
+    return _run_ids(output_dir).get(name)
 
 
 def _keep_run_id(output_dir, name: str, run_id: str) -> None:
-    path = Path(output_dir) / RUN_IDS
-    try:
-        ids = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        ids = {}
-    path.write_text(json.dumps({**ids, name: run_id}), encoding="utf-8")
-
-
-def _numbers(record: dict) -> dict:
-    """A metrics.jsonl record's numbers but the epoch, as epoch/<name>."""
-    return {
-        f"epoch/{key}": float(value)
-        for key, value in record.items()
-        if key != "epoch" and isinstance(value, int | float) and not isinstance(value, bool)
-    }
+    (Path(output_dir) / RUN_IDS).write_text(json.dumps({**_run_ids(output_dir), name: run_id}), encoding="utf-8")
 
 
 class MLflow(TrackerBase):
@@ -111,17 +102,17 @@ class MLflow(TrackerBase):
             from mlflow.entities import Metric
 
             now = int(1000 * time.time())
-            metrics = [Metric(key, value, now, epoch) for key, value in _numbers(record).items()]
+            metrics = [Metric(key, value, now, epoch) for key, value in epoch_numbers(record).items()]
             self.client.log_batch(self.run_id, metrics=metrics)
 
     def best(self, path: Path | None) -> None:
-        self.finished = True  # (called at a run's end only: a stopped or failed run ends without it)
+        super().best(path)
         if self.active and path is not None:
             self.client.set_tag(self.run_id, "best_checkpoint", str(path.resolve()))
 
     def close(self) -> None:
         if self.active and getattr(self, "run_id", None):
-            self.client.set_terminated(self.run_id, "FINISHED" if getattr(self, "finished", False) else "KILLED")
+            self.client.set_terminated(self.run_id, "FINISHED" if self.finished else "KILLED")
 
 
 class Wandb(TrackerBase):
@@ -148,14 +139,14 @@ class Wandb(TrackerBase):
 
     def epoch(self, epoch: int, record: dict) -> None:
         if self.active:
-            self.run.log({**_numbers(record), "epoch": epoch})
+            self.run.log({**epoch_numbers(record), "epoch": epoch})
 
     def best(self, path: Path | None) -> None:
-        self.finished = True  # (called at a run's end only: a stopped or failed run ends without it)
+        super().best(path)
         if self.active and path is not None:
             self.run.summary["best_checkpoint"] = str(path.resolve())
 
     def close(self) -> None:
         if self.active and getattr(self, "run", None) is not None:
-            self.run.finish(exit_code=0 if getattr(self, "finished", False) else 1)
+            self.run.finish(exit_code=0 if self.finished else 1)
             self.run = None
