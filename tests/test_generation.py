@@ -13,8 +13,8 @@ from house import house_problems
 SHARED_PACKAGE = {
     "settings",
     "batches",  # which samples go where; what a loader gives the loops: counted, guarded
-    "roll_call",  # no silent wait: machines that have not come, ranks that stopped answering
-    "save_folders",
+    "roll_call",  # no silent wait: machines that have not come, ranks that stopped answering; no orphan rank
+    "output_folder",  # one job per output folder; the saves kept in it
     "preflight",  # run.sh --check
     "machine_checks",
     "cli",
@@ -30,8 +30,6 @@ SHARED_PACKAGE = {
     "notebook",
     "submission",
     "hardware",
-    "child_processes",
-    "folder_lock",
     "training",
     "workspace",
     "modelarts",

@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 from conftest import free_port, run_bash, run_sh
 
-from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, save_folders, seam, settings, task, workspace
+from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, output_folder, seam, settings, task, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
 
 def keep(directory, epoch: int, value: float, mode: str = "min") -> None:
     """What a Checkpointer of --keep-best 2 does at the end of an epoch: its save, listed if it is among the two best."""
-    kept = save_folders.Kept(epoch, value, 2, mode)
-    if save_folders.enters_top(directory, kept):
+    kept = output_folder.Kept(epoch, value, 2, mode)
+    if output_folder.enters_top(directory, kept):
         (directory / f"epoch-{epoch}.pt").write_text("a checkpoint")
-        save_folders.record_top(directory, kept, f"epoch-{epoch}.pt")
+        output_folder.record_top(directory, kept, f"epoch-{epoch}.pt")
 
 
 def test_top_json_lists_the_two_best_best_first_and_removes_the_saves_it_no_longer_lists(tmp_path):
@@ -34,7 +34,7 @@ def test_top_json_lists_the_two_best_best_first_and_removes_the_saves_it_no_long
         keep(tmp_path, epoch, loss)
 
     # Epoch 4 ties epoch 2: the earlier comes first; epoch 5 never entered.
-    assert [(entry["epoch"], entry["value"]) for entry in save_folders.top(tmp_path)] == [(2, 0.3), (4, 0.3)]
+    assert [(entry["epoch"], entry["value"]) for entry in output_folder.top(tmp_path)] == [(2, 0.3), (4, 0.3)]
     assert sorted(path.name for path in tmp_path.glob("epoch-*")) == ["epoch-2.pt", "epoch-4.pt"]
 
 
@@ -42,16 +42,16 @@ def test_a_metric_to_maximise_keeps_the_highest_values(tmp_path):
     for epoch, accuracy in enumerate([0.5, 0.7, 0.6], start=1):
         keep(tmp_path, epoch, accuracy, mode="max")
 
-    assert [entry["epoch"] for entry in save_folders.top(tmp_path)] == [2, 3]
+    assert [entry["epoch"] for entry in output_folder.top(tmp_path)] == [2, 3]
 
 
 def test_a_sharded_save_pushed_out_of_the_top_stays_while_the_last_link_names_it(tmp_path):
     for epoch, loss in enumerate([0.3, 0.4, 0.5], start=1):
         folder = tmp_path / f"save-{epoch}"
         folder.mkdir()
-        save_folders.publish(tmp_path, folder, is_best=epoch == 1, kept=save_folders.Kept(epoch, loss, 1, "min"))
+        output_folder.publish(tmp_path, folder, is_best=epoch == 1, kept=output_folder.Kept(epoch, loss, 1, "min"))
 
-    assert [entry["path"] for entry in save_folders.top(tmp_path)] == ["save-1"]
+    assert [entry["path"] for entry in output_folder.top(tmp_path)] == ["save-1"]
     assert sorted(path.name for path in tmp_path.glob("save-*")) == ["save-1", "save-3"]  # the best, and the last
 
 

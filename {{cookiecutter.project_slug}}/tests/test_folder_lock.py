@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import batches_per_epoch, copy_of_project, default_data_sizes
 
-from {{ cookiecutter.project_slug }} import folder_lock, settings, task, workspace
+from {{ cookiecutter.project_slug }} import output_folder, settings, task, workspace
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def command(output, *script: str) -> list[str]:
 def environment(nproc: int = 2, wait_s: float = 60) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES")}
     path = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    return {**env, "NPROC_PER_NODE": str(nproc), "PATH": path, folder_lock.WAIT_VARIABLE: str(wait_s)}
+    return {**env, "NPROC_PER_NODE": str(nproc), "PATH": path, output_folder.WAIT_VARIABLE: str(wait_s)}
 
 
 def start_and_wait_for_training(project, output) -> subprocess.Popen:
@@ -130,18 +130,18 @@ def test_a_restarted_elastic_job_goes_on_where_its_own_lost_rank_0_still_holds_t
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys, time; d = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
          "fcntl.flock(d, fcntl.LOCK_EX); os.write(d, b'host gone, process 1, since then, elastic job run-7'); "
-         "print(flush=True); time.sleep(60)", str(tmp_path / folder_lock.LOCK_NAME)],
+         "print(flush=True); time.sleep(60)", str(tmp_path / output_folder.LOCK_NAME)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         holder.stdout.readline()  # it holds the lock
-        monkeypatch.setenv(folder_lock.WAIT_VARIABLE, "1")
+        monkeypatch.setenv(output_folder.WAIT_VARIABLE, "1")
         monkeypatch.setenv("ELASTIC_JOB_ID", "run-7")
         started = time.monotonic()
-        own = folder_lock.in_use(tmp_path)
+        own = output_folder.in_use(tmp_path)
         waited = time.monotonic() - started
         monkeypatch.setenv("ELASTIC_JOB_ID", "run-8")
-        other = folder_lock.in_use(tmp_path)
+        other = output_folder.in_use(tmp_path)
     finally:
         holder.kill()
         holder.wait()

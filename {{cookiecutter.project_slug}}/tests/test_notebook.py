@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, folder_lock, inference, loaders, notebook, settings, workspace
+from {{ cookiecutter.project_slug }} import cli, inference, loaders, notebook, output_folder, settings, workspace
 from {{ cookiecutter.project_slug }}.data import PREDICT_SAMPLE, build_datasets, build_predict_set
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -188,8 +188,8 @@ def test_launch_on_a_folder_that_a_running_job_holds_stops_in_one_line_and_write
 ):
     output = tmp_path / "output"
     output.mkdir()
-    monkeypatch.setenv(folder_lock.WAIT_VARIABLE, "1")  # not a job that is only stopping: refused after 1 s
-    with open(output / folder_lock.LOCK_NAME, "w") as held:  # as run.sh's rank 0 holds the folder it trains in
+    monkeypatch.setenv(output_folder.WAIT_VARIABLE, "1")  # not a job that is only stopping: refused after 1 s
+    with open(output / output_folder.LOCK_NAME, "w") as held:  # as run.sh's rank 0 holds the folder it trains in
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("host gpu-7, process 4242")
         held.flush()
@@ -199,7 +199,7 @@ def test_launch_on_a_folder_that_a_running_job_holds_stops_in_one_line_and_write
 
     assert str(refusal.value).startswith(f"output folder {output} is in use by another job (host gpu-7, process 4242)")
     assert "\n" not in str(refusal.value)
-    assert [path.name for path in output.iterdir()] == [folder_lock.LOCK_NAME]
+    assert [path.name for path in output.iterdir()] == [output_folder.LOCK_NAME]
 
 
 def test_run_py_training_starts_with_spawn_where_fork_cannot_work(monkeypatch, tmp_path, data_args):

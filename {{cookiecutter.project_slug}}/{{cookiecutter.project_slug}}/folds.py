@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import distributed, engine, logs, save_folders
+from . import distributed, engine, logs, output_folder
 from .batches import Labeled
 from .errors import UserError
 from .seam import Task, padded
@@ -212,8 +212,8 @@ def checkpoints_of(given: list[str], best_in) -> list[Path]:
     found = []
     for name in given:
         path = Path(name)
-        if path.name == save_folders.TOP and path.is_file():
-            found += [path.parent / entry["path"] for entry in save_folders.top(path.parent)]
+        if path.name == output_folder.TOP and path.is_file():
+            found += [path.parent / entry["path"] for entry in output_folder.top(path.parent)]
         elif (path / FOLDS_CSV).is_file():
             count = _fold_count(path / FOLDS_CSV)
             unfinished = [fold for fold in range(count) if not finished(path, fold)]

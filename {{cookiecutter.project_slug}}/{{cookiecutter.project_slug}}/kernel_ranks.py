@@ -15,8 +15,8 @@ import warnings
 from multiprocessing.connection import wait
 
 from . import errors
-from .child_processes import die_with_parent
 from .errors import STOPPED_STATUS, UserError
+from .roll_call import die_with_parent
 
 # After a failure, the other ranks get this long to end on SIGTERM before they are killed.
 FAILURE_GRACE_S = 3.0

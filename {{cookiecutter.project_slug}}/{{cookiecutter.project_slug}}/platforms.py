@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import cli, folder_lock, hardware, machine_checks, roll_call
+from . import cli, hardware, machine_checks, output_folder, roll_call
 from .errors import PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -347,7 +347,7 @@ def main(argv: list[str]) -> None:
                 raise PlatformError(why)
         # The machine of rank 0 (which holds the folder while the job runs) checks before its launcher writes logs
         # there; the others share the folder with it.
-        if script != "predict.py" and layout.node_rank == 0 and (busy := folder_lock.in_use(output_dir)):
+        if script != "predict.py" and layout.node_rank == 0 and (busy := output_folder.in_use(output_dir)):
             raise PlatformError(busy)
         # --check: every wait ends within a minute, so that each problem is said while the user watches.
         wait_s = min(join_timeout(env), machine_checks.WAIT_S) if check else join_timeout(env)

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import distributed, roll_call, save_folders
+from . import distributed, output_folder, roll_call
 from .errors import UserError, bytes_of, disk_full, no_space_line
 from .preemption import EpochProgress
 
@@ -198,9 +198,9 @@ class CheckpointerBase:
         """Record a finished epoch (its validation metrics, without val_) and save it (last, best when it is the
         best, and kept while it is among the --keep-best best); on every rank."""
         is_best = self.state.finish_epoch(epoch, metrics, min_delta)
-        kept = save_folders.Kept(epoch, metrics[self.state.best_metric], self.keep_best or 0, self.state.best_mode)
+        kept = output_folder.Kept(epoch, metrics[self.state.best_metric], self.keep_best or 0, self.state.best_mode)
         among_best = (
-            bool(self.keep_best) and math.isfinite(kept.value) and save_folders.enters_top(self.directory, kept)
+            bool(self.keep_best) and math.isfinite(kept.value) and output_folder.enters_top(self.directory, kept)
         )
         self._save(self.state, is_best, kept if among_best else None)
 
@@ -299,7 +299,7 @@ class CheckpointerBase:
             log.info("left as build_model() made them (not in the file, or of another shape): %s", ", ".join(left))
         return fitting
 
-    def _save(self, state: TrainingState, is_best: bool, kept: save_folders.Kept | None) -> None:
+    def _save(self, state: TrainingState, is_best: bool, kept: output_folder.Kept | None) -> None:
         # Every rank's random streams and progress are gathered; only rank 0 writes (every rank its shards).
         per_rank = distributed.all_gather_object((self._capture_rng(), state.progress.to_dict()))
         problem = None

@@ -3,7 +3,20 @@
 import time
 from pathlib import Path
 
-from . import archive, cli, distributed, engine, folder_lock, folds, loaders, logs, options, preemption, seam, trackers
+from . import (
+    archive,
+    cli,
+    distributed,
+    engine,
+    folds,
+    loaders,
+    logs,
+    options,
+    output_folder,
+    preemption,
+    seam,
+    trackers,
+)
 from .checkpoint import BEST, Checkpointer, newest
 from .errors import UserError, explain_user_errors
 from .logs import LoaderWatch
@@ -25,7 +38,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
     """One model: the run of args.output_dir (with --folds: a fold's)."""
     lock = None
     try:
-        lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
+        lock = output_folder.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         model_options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
@@ -126,7 +139,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()
     finally:
-        folder_lock.release(lock)
+        output_folder.release(lock)
 
 
 def _evaluate(model, val_loader, env, task: seam.Task, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:

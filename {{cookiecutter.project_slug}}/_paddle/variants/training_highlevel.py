@@ -9,11 +9,11 @@ from . import (
     distributed,
     engine,
     fit,
-    folder_lock,
     folds,
     loaders,
     logs,
     options,
+    output_folder,
     preemption,
     seam,
     trackers,
@@ -45,7 +45,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
     """One model: the run of args.output_dir (with --folds: a fold's)."""
     lock = None
     try:
-        lock = folder_lock.hold(args.output_dir, env)  # one job per output folder: before anything is written
+        lock = output_folder.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         model_options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
         archive.prepare_dataset(
@@ -151,7 +151,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         # Leave together: a rank that tears down the process group while a peer is still talking to it can abort.
         distributed.barrier()
     finally:
-        folder_lock.release(lock)
+        output_folder.release(lock)
 
 
 def _evaluate(network, val_loader, env, task: seam.Task, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:

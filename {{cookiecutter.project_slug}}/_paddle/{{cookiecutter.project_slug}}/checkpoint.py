@@ -22,7 +22,7 @@ is state.CheckpointerBase.
 
 Under --strategy sharding each rank holds a part of the optimizer state, and saves no single file: each rank
 writes its part into a new folder, rank 0 adds the weights and training.pdopt (the rest, written last: a folder
-without it is incomplete), then points the link DIR/checkpoints/last (and best) at the folder (save_folders.py).
+without it is incomplete), then points the link DIR/checkpoints/last (and best) at the folder (output_folder.py).
 Paddle cannot load sharded state with several processes on CPUs, so a resume reads the parts whole, on every
 rank, and each rank's optimizer keeps its own part: either form resumes under either strategy, on any number
 of processes.
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from . import distributed, save_folders, sharding
+from . import distributed, output_folder, sharding
 from .errors import UserError
 from .state import CheckpointerBase
 
@@ -76,7 +76,7 @@ class Checkpointer(CheckpointerBase):
     def last_path(self) -> Path:
         return self.directory / (_FOLDERS[LAST] if self._sharded else LAST)
 
-    def _write(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
+    def _write(self, training: dict, is_best: bool, kept: output_folder.Kept | None) -> None:
         if self._sharded:
             self._write_parts(training, is_best, kept)
             return
@@ -107,12 +107,12 @@ class Checkpointer(CheckpointerBase):
             shutil.rmtree(staging, ignore_errors=True)  # a failed save (disk full, ...) leaves nothing behind
         _move_saved_into_place(self.directory)
         if kept is not None:  # (top.json lists it once it is complete)
-            save_folders.record_top(self.directory, kept, f"epoch-{kept.epoch}{Path(LAST).suffix}")
+            output_folder.record_top(self.directory, kept, f"epoch-{kept.epoch}{Path(LAST).suffix}")
 
-    def _write_parts(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
+    def _write_parts(self, training: dict, is_best: bool, kept: output_folder.Kept | None) -> None:
         """Every rank its part of the optimizer state, rank 0 the weights, into a new folder; once all are
         written, rank 0 adds training.pdopt and switches the links. A failed save leaves no folder."""
-        folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
+        folder = self.directory / distributed.share_from_main(output_folder.new_name(), "rank 0's name of the save")
         sharding.gather_parameters(self.model)
         error = None
         try:
@@ -134,7 +134,7 @@ class Checkpointer(CheckpointerBase):
         if self.env.is_main:
             scaler = self.scaler.state_dict() if self.scaler is not None else None
             _save_synced({"scaler": scaler, **training}, folder / _TRAINING)
-            save_folders.publish(self.directory, folder, is_best, kept)
+            output_folder.publish(self.directory, folder, is_best, kept)
 
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)
@@ -274,7 +274,7 @@ def _chosen(weights: dict, averages: dict) -> dict:
 
 def newest(directory: Path, name: str) -> Path | None:
     """The newer complete save of `name` (LAST, BEST) in `directory`: the file, or the sharded folder; None."""
-    return save_folders.newest(directory / name, directory / _FOLDERS[name], _TRAINING)
+    return output_folder.newest(directory / name, directory / _FOLDERS[name], _TRAINING)
 
 
 def export_weights(checkpoint: Path, output: Path, averaged: bool = True) -> Path:

@@ -31,8 +31,8 @@ from paddle.base import core
 from paddle.distributed import fleet
 
 from . import errors, framework_probe, sharding
-from .child_processes import die_with_parent
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
+from .roll_call import die_with_parent
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)

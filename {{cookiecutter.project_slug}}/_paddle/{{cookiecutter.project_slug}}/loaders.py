@@ -14,9 +14,9 @@ from paddle.io.dataloader.collate import default_collate_fn
 
 from . import hardware
 from .batches import DealtBatches, GuardedCollate, GuardedDataset, padding_of, rest_of_epoch, share_size
-from .child_processes import end_with_the_rank
 from .distributed import DistEnv
 from .errors import UserError
+from .roll_call import end_with_the_rank
 
 
 class ResumableSampler(DistributedBatchSampler):

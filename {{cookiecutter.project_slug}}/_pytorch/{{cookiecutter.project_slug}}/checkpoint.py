@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from . import distributed, fsdp, save_folders
+from . import distributed, fsdp, output_folder
 from .errors import UserError
 from .state import CheckpointerBase
 
@@ -76,7 +76,7 @@ class Checkpointer(CheckpointerBase):
     def last_path(self) -> Path:
         return self.directory / (_SHARDED[LAST] if self._sharded else LAST)
 
-    def _write(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
+    def _write(self, training: dict, is_best: bool, kept: output_folder.Kept | None) -> None:
         if self._sharded:
             self._write_shards(training, is_best, kept)
             return
@@ -94,13 +94,13 @@ class Checkpointer(CheckpointerBase):
             _atomic_copy(self.last_path, self.directory / BEST)
         if kept is not None:  # (top.json lists it once it is complete)
             _atomic_copy(self.last_path, self.directory / f"epoch-{kept.epoch}.pt")
-            save_folders.record_top(self.directory, kept, f"epoch-{kept.epoch}.pt")
+            output_folder.record_top(self.directory, kept, f"epoch-{kept.epoch}.pt")
 
-    def _write_shards(self, training: dict, is_best: bool, kept: save_folders.Kept | None) -> None:
+    def _write_shards(self, training: dict, is_best: bool, kept: output_folder.Kept | None) -> None:
         """Every rank its shards, into a new folder; rank 0 then training.pt and the switch of the links. In the
         background (--save-async): the shards are copied now, and written while training goes on."""
         self.wait_for_save()  # one save at a time
-        folder = self.directory / distributed.share_from_main(save_folders.new_name(), "rank 0's name of the save")
+        folder = self.directory / distributed.share_from_main(output_folder.new_name(), "rank 0's name of the save")
         model, optimizer = get_state_dict(self.model, self.optimizer)
         shards = {"ema": self.ema.averages if self.ema else {}, "model": model, "optimizer": optimizer}
         rest = {"scheduler": self.schedule.stepper.state_dict(), "scaler": self._scaler_state(), **training}
@@ -139,7 +139,7 @@ class Checkpointer(CheckpointerBase):
             raise
         if self.env.is_main:
             _atomic_save(rest, folder / _TRAINING)
-            save_folders.publish(self.directory, folder, is_best, kept)
+            output_folder.publish(self.directory, folder, is_best, kept)
 
     def _wait_for_save(self) -> None:
         if self._saving is not None:
@@ -316,7 +316,7 @@ def _keyed_by_name(state: dict, optimizer: torch.optim.Optimizer, model: torch.n
 
 def newest(directory: Path, name: str) -> Path | None:
     """The newer complete save of `name` (LAST, BEST) in `directory`: the file, or the sharded folder; None."""
-    return save_folders.newest(directory / name, directory / _SHARDED[name], _TRAINING)
+    return output_folder.newest(directory / name, directory / _SHARDED[name], _TRAINING)
 
 
 def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:

@@ -25,10 +25,9 @@ from torch.distributed import TCPStore
 from torch.nn.parallel import DistributedDataParallel
 
 from . import errors, framework_probe, fsdp
-from .child_processes import die_with_parent
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
 from .machine_checks import wait_for_port
-from .roll_call import RollCall
+from .roll_call import RollCall, die_with_parent
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_co
 
 from . import hardware
 from .batches import DealtBatches, GuardedCollate, GuardedDataset, padding_of, rest_of_epoch, share_size
-from .child_processes import end_with_the_rank
 from .distributed import DistEnv
+from .roll_call import end_with_the_rank
 
 
 class ResumableSampler(DistributedSampler):
