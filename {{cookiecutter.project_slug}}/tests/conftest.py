@@ -198,6 +198,17 @@ def rank_results(folder: Path, world_size: int) -> list[dict]:
     return results
 
 
+def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    """path: a CSV table of `header` and `rows`, as a task's data folder holds one."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
 def write_image_folder(
     root: Path, classes: list[str], per_class: int, size: int = 8, seed: int = 0, first: int = 0
 ) -> Path:
