@@ -1,6 +1,7 @@
 """What every benchmark needs: baking, running a command while watching it, and robust summaries."""
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -36,6 +37,38 @@ def arguments(description: str, **numbers: int) -> argparse.Namespace:
     for name, default in numbers.items():
         parser.add_argument(f"--{name}", type=int, default=default)
     return parser.parse_args()
+
+
+def reference_arguments() -> argparse.Namespace:
+    """reference_<framework>.py's command line: the baked project's data, the epochs, batch, rate and seed it trains
+    with, and the file rank 0 marks its first step in (bench_training.py times the start-up by it)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
+    return parser.parse_args()
+
+
+def reference_epochs(args: argparse.Namespace, rank: int, epoch_totals, schedule) -> None:
+    """The reference's epochs: epoch_totals(epoch, after_step) trains and validates one (plain_epoch()'s totals of
+    all ranks), the schedule steps after it, and rank 0 prints its JSON line."""
+
+    def after_step() -> None:
+        if rank == 0 and args.first_step_file:
+            with open(args.first_step_file, "w") as file:
+                file.write("first step\n")
+            args.first_step_file = None
+
+    for epoch in range(1, args.epochs + 1):
+        started = time.perf_counter()
+        totals = epoch_totals(epoch, after_step)
+        schedule.step()
+        if rank == 0:
+            record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
+            print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
 
 
 def summary(values: list[float]) -> dict:

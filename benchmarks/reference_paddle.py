@@ -7,16 +7,15 @@ validation) is written here. Rank 0 prints one JSON line per epoch. loop_parity.
 plain_epoch() beside the project's loop.
 """
 
-import argparse
-import json
 import math
 import os
-import time
+from functools import partial
 from types import SimpleNamespace
 
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
+from common import reference_arguments, reference_epochs
 from dist_train.data import build_datasets
 from dist_train.model import build_model
 from paddle.io import DataLoader, DistributedBatchSampler
@@ -56,14 +55,7 @@ def plain_epoch(model, optimizer, train_loader, val_loader, epoch: int, after_st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
-    args = parser.parse_args()
+    args = reference_arguments()
 
     paddle.set_device("cpu")
     os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"
@@ -78,19 +70,7 @@ def main() -> None:
     schedule = paddle.optimizer.lr.LambdaDecay(args.lr, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
     optimizer = paddle.optimizer.Momentum(schedule, momentum=0.9, parameters=model.parameters())
 
-    def after_step() -> None:
-        if rank == 0 and args.first_step_file:
-            with open(args.first_step_file, "w") as file:
-                file.write("first step\n")
-            args.first_step_file = None
-
-    for epoch in range(1, args.epochs + 1):
-        started = time.perf_counter()
-        totals = plain_epoch(model, optimizer, train_loader, val_loader, epoch, after_step)
-        schedule.step()
-        if rank == 0:
-            record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
-            print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+    reference_epochs(args, rank, partial(plain_epoch, model, optimizer, train_loader, val_loader), schedule)
 
 
 if __name__ == "__main__":

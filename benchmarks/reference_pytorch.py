@@ -6,15 +6,14 @@ own data (build_model, build_datasets) with the same seed, batch and epochs; eve
 Rank 0 prints one JSON line per epoch. loop_parity.py runs plain_epoch() beside the project's loop.
 """
 
-import argparse
-import json
 import math
-import time
+from functools import partial
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from common import reference_arguments, reference_epochs
 from dist_train.data import build_datasets
 from dist_train.model import build_model
 from torch.nn.parallel import DistributedDataParallel
@@ -55,14 +54,7 @@ def plain_epoch(model, optimizer, train_loader, val_loader, epoch: int, after_st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--first-step-file", help="rank 0 writes a line here after its first step")
-    args = parser.parse_args()
+    args = reference_arguments()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -75,19 +67,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 0.5 * (1 + math.cos(math.pi * e / args.epochs)))
 
-    def after_step() -> None:
-        if rank == 0 and args.first_step_file:
-            with open(args.first_step_file, "w") as file:
-                file.write("first step\n")
-            args.first_step_file = None
-
-    for epoch in range(1, args.epochs + 1):
-        started = time.perf_counter()
-        totals = plain_epoch(model, optimizer, train_loader, val_loader, epoch, after_step)
-        schedule.step()
-        if rank == 0:
-            record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
-            print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+    reference_epochs(args, rank, partial(plain_epoch, model, optimizer, train_loader, val_loader), schedule)
     dist.barrier()  # gloo can abort a rank whose peer tears down the group while it still talks to it
     dist.destroy_process_group()
 

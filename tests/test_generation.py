@@ -73,11 +73,13 @@ SHARED_TESTS = {
     "test_disk_full.py",
     "test_stalled_ranks.py",
     "test_config.py",
+    "test_checkpoint_resume.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {
         "test_evaluate.py",
         "test_checkpoint.py",
+        "checkpointers.py",
         "test_parity.py",
         "test_launch.py",
         "curves.py",
@@ -89,6 +91,7 @@ FRAMEWORK_TESTS = {
         "test_memory.py",
         "test_evaluate.py",
         "test_checkpoint.py",
+        "checkpointers.py",
         "test_parity.py",
         "test_launch.py",
         "launching.py",

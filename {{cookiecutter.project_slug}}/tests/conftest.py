@@ -151,6 +151,32 @@ def copy_of_project(project_root: Path, folder: Path, ignore: tuple[str, ...] = 
     return folder
 
 
+# The checkpoint tests' runs pick best.* by an accuracy: (metric, mode), as a task names them.
+ACC = ("acc", "max")
+
+
+def acc_state(*args, **kwargs):
+    """TrainingState(*args, **kwargs) of a run that picks best.* by the highest accuracy."""
+    from {{ cookiecutter.project_slug }}.state import TrainingState
+
+    return TrainingState(*args, best_metric="acc", best_mode="max", **kwargs)
+
+
+def save_epoch(saver, epoch: int, best_acc: float, is_best: bool) -> None:
+    """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
+    saver.state = acc_state(epoch - 1, None if is_best else best_acc)
+    saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
+
+
+def averaging(saver, decay: float | None = 0.9):
+    """`saver` (a Checkpointer) of a run of --ema `decay` (None: a run without the flag), started as resume() starts
+    it."""
+    from {{ cookiecutter.project_slug }} import engine
+
+    saver.ema = engine.Ema(saver.model, decay)
+    return saver
+
+
 def save_rank_result(folder: str | Path, rank: int, result: dict) -> None:
     """A spawned rank's training result (numpy arrays and numbers: its parameters, per-epoch losses and samples,
     ...) in folder/rank<rank>.npz, for the test that started it to read with rank_results()."""
@@ -170,6 +196,17 @@ def rank_results(folder: Path, world_size: int) -> list[dict]:
             named = {name: saved[name] for name in saved.files if not name.startswith("arr_")}
             results.append({"parameters": [saved[f"arr_{i}"] for i in range(len(saved.files) - len(named))], **named})
     return results
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    """path: a CSV table of `header` and `rows`, as a task's data folder holds one."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
 
 
 def write_image_folder(

@@ -9,69 +9,22 @@ import warnings
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 import pytest
+from checkpointers import LAST_FILES, assert_same_weights, build_checkpointer, take_steps, weights_of
+from conftest import acc_state, averaging, save_epoch
 from paddle import nn
 
 from {{ cookiecutter.project_slug }} import checkpoint, engine
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.preemption import EpochProgress, Stopped
-from {{ cookiecutter.project_slug }}.state import TrainingState
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
-CPU = DistEnv(rank=0, local_rank=0, world_size=1, device="cpu")
-PAIR = ["last.pdopt", "last.pdparams"]
-FILES = ["last.json", *PAIR]  # and the data description, for predict.py
-
-
-ACC = ("acc", "max")  # these tests' runs pick best.* by an accuracy
-
-
-def acc_state(*args, **kwargs) -> TrainingState:
-    return TrainingState(*args, best_metric="acc", best_mode="max", **kwargs)
-
-
-def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: model, env: DistEnv = CPU) -> Checkpointer:
-    # Paddle keys optimizer state by parameter names: start them afresh, as in a new process.
-    with paddle.utils.unique_name.guard():
-        model = wrap(nn.Linear(4, out_features))
-        optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
-        schedule = engine.cosine_schedule(optimizer, 10)
-    return Checkpointer(directory, env, model, optimizer, schedule, paddle.amp.GradScaler(enable=False), best=ACC)
-
-
-def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
-    """A few optimizer and scheduler steps, so there is momentum and a schedule position to lose."""
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        inputs = paddle.to_tensor(rng.standard_normal((8, 4), dtype=np.float32))
-        labels = paddle.to_tensor(rng.integers(0, 3, 8))
-        F.cross_entropy(checkpointer.model(inputs), labels).backward()
-        with paddle.utils.unique_name.guard():  # the first step names the momentum buffers, as in a new process
-            checkpointer.optimizer.step()
-        checkpointer.optimizer.clear_grad()
-        checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
+FILES = ["last.json", *LAST_FILES]  # and the data description, for predict.py
 
 
 def draw_random_numbers() -> tuple:
     return random.random(), float(np.random.rand()), paddle.rand([3]).tolist()
-
-
-def weights_of(model) -> dict:
-    return {key: value.numpy().copy() for key, value in model.state_dict().items()}
-
-
-def assert_same_weights(left: dict, right: dict) -> None:
-    assert left.keys() == right.keys()
-    for key in left:
-        np.testing.assert_array_equal(np.asarray(left[key]), np.asarray(right[key]))
-
-
-def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
-    """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
-    saver.state = acc_state(epoch - 1, None if is_best else best_acc)
-    saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
 
 
 def test_the_two_best_epochs_are_kept_and_listed_best_first_and_resume_auto_takes_the_last(tmp_path):
@@ -125,55 +78,6 @@ def test_weights_saved_from_a_data_parallel_model_have_no_wrapper_prefix(tmp_pat
     assert_same_weights(weights_of(fresh), weights_of(saver.model))
 
 
-def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
-    saver = build_checkpointer(tmp_path)
-    saver.state = acc_state(2, 0.5)
-    saver.save_stopped(Stopped(3, EpochProgress(7, 3.25, 112)))
-
-    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(7, 3.25, 112))
-
-
-def test_saves_every_n_steps_fall_on_every_nth_optimizer_step_and_only_when_asked(tmp_path):
-    saver = build_checkpointer(tmp_path)
-    assert not any(saver.due(step) for step in range(1, 20))
-
-    saver.every_steps = 5
-    assert [step for step in range(1, 20) if saver.due(step)] == [5, 10, 15]
-
-
-def test_a_step_save_is_a_mid_epoch_checkpoint_that_resumes_where_it_was(tmp_path):
-    saver = build_checkpointer(tmp_path)
-    saver.state = acc_state(2, 0.5)
-    saver.save_progress(EpochProgress(10, 4.5, 160, consumed=320))
-
-    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(10, 4.5, 160, 320))
-
-
-def save_of_two_ranks(directory, monkeypatch) -> None:
-    """A mid-epoch checkpoint as two ranks write it: 10 batches of 16 each, 320 samples of the epoch's order."""
-    saver = build_checkpointer(directory)
-    saver.state = acc_state(2, 0.5)
-    with monkeypatch.context() as patch:
-        ranks = lambda mine: [mine, (mine[0], EpochProgress(10, 5.5, 160, 320).to_dict())]  # noqa: E731
-        patch.setattr(checkpoint.distributed, "all_gather_object", ranks)
-        saver.save_progress(EpochProgress(10, 4.5, 160, 320))
-
-
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_a_mid_epoch_checkpoint_goes_on_on_another_number_of_processes_from_the_same_place(
-    tmp_path, monkeypatch, world_size
-):
-    save_of_two_ranks(tmp_path, monkeypatch)
-    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point] * world_size)
-    ranks = [DistEnv(rank, rank, world_size, CPU.device) for rank in range(world_size)]
-
-    progress = [build_checkpointer(tmp_path, env=env).resume("auto").progress for env in ranks]
-
-    # Each rank from its first batch of the rest of the epoch; rank 0 carries the loss so far, as all ranks sum it.
-    assert progress[0] == EpochProgress(0, 10.0, 320, consumed=320)
-    assert all(rank == EpochProgress(0, 0.0, 0, consumed=320) for rank in progress[1:])
-
-
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
     paddle.seed(1)
     saver = build_checkpointer(tmp_path)
@@ -223,32 +127,12 @@ def test_a_checkpoint_of_the_per_epoch_schedule_resumes_at_the_rate_of_its_epoch
     assert rate == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 2 / 10)))  # epoch 3's rate of a 10-epoch cosine
 
 
-def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == acc_state(0, None, EpochProgress())
-
-
-def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
-    save_epoch(build_checkpointer(tmp_path), 4, 0.9, False)
-    fresh = build_checkpointer(tmp_path)
-    weights = weights_of(fresh.model)
-
-    assert fresh.resume("none") == acc_state(0, None, EpochProgress())
-    assert_same_weights(weights_of(fresh.model), weights)
-
-
 @pytest.mark.parametrize("name", ["last.pdparams", "last.pdopt", "last"])
 def test_resume_from_an_explicit_path_loads_that_pair(tmp_path, name):
     save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
     resumed = build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old" / name))
     assert resumed == acc_state(5, 0.6, EpochProgress(), stale_epochs=1)  # (epoch 5 was not the best)
-
-
-def test_resume_from_a_missing_path_says_so(tmp_path):
-    missing = tmp_path / "nope.pdparams"
-    with pytest.raises(UserError, match="not found") as error:
-        build_checkpointer(tmp_path).resume(str(missing))
-    assert str(missing) in str(error.value)
 
 
 def test_weights_without_their_training_state_are_refused(tmp_path):
@@ -282,36 +166,6 @@ def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
 def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
     save_epoch(build_checkpointer(tmp_path), 1, 0.0, False)
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES
-
-
-def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
-    save_epoch(build_checkpointer(tmp_path, out_features=3), 1, 0.1, False)
-    other = build_checkpointer(tmp_path, out_features=5)
-
-    with pytest.raises(UserError, match="does not match the model") as error:
-        other.resume("auto")
-
-    message = str(error.value)
-    assert "weight" in message and "size mismatch" in message
-    # The advice keeps the earlier checkpoints: a new folder, not --resume none over them.
-    assert "new --output-dir" in message and "--resume none" not in message
-    assert "\n" not in message
-
-
-@pytest.mark.parametrize("name", PAIR)
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, name):
-    save_epoch(build_checkpointer(tmp_path), 1, 0.1, False)
-    path = tmp_path / name
-    data = path.read_bytes()
-    damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
-    path.write_bytes(damaged[damage])
-
-    with pytest.raises(UserError, match="corrupt") as error:
-        build_checkpointer(tmp_path).resume("auto")
-    assert str(path) in str(error.value)
-    # The advice keeps the earlier checkpoints: best.* or a new folder, not --resume none over them.
-    assert str(tmp_path / "best.pdparams") in str(error.value) and "--resume none" not in str(error.value)
 
 
 def test_saving_leaves_no_temporary_file(tmp_path):
@@ -354,7 +208,7 @@ def test_crash_between_the_two_renames_is_completed_at_the_next_start(tmp_path, 
     calls = []
 
     def crash_after_the_first_file_of_the_pair(source, destination):
-        if any(str(done).endswith(tuple(PAIR)) for done in calls):
+        if any(str(done).endswith(tuple(LAST_FILES)) for done in calls):
             raise KeyboardInterrupt  # the job is killed mid-save
         calls.append(destination)
         real_replace(source, destination)
@@ -391,47 +245,6 @@ def test_training_state_without_the_keys_run_py_writes_is_not_taken_for_a_checkp
     with pytest.raises(UserError, match="not a checkpoint written by run.py") as error:
         build_checkpointer(tmp_path).resume(str(tmp_path / "mine.pdparams"))
     assert "epoch" in str(error.value)
-
-
-def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
-    save_epoch(build_checkpointer(tmp_path), 2, 0.5, False)
-    # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
-    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
-
-    with pytest.raises(UserError, match="different epochs") as error:
-        build_checkpointer(tmp_path).resume("auto")
-
-    assert "shared filesystem" in str(error.value)
-
-
-def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
-    def learning_rates(total_epochs: int, run_epochs: range, resume: str) -> list[float]:
-        """The rate each epoch's optimizer step really applies, as run.py builds, resumes and steps the schedule."""
-        model = nn.Linear(4, 3)
-        optimizer = paddle.optimizer.SGD(0.1, parameters=model.parameters())  # a step moves by -lr x grad
-        schedule = engine.cosine_schedule(optimizer, total_epochs)
-        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, schedule, paddle.amp.GradScaler(enable=False))
-        checkpointer.resume(resume)  # which also puts the schedule's rate back
-        rates = []
-        for epoch in run_epochs:
-            before = model.bias.numpy().copy()
-            model.bias.sum().backward()  # a gradient of 1
-            optimizer.step()
-            optimizer.clear_grad()
-            applied = float(before[0] - model.bias.numpy()[0])
-            assert applied == pytest.approx(optimizer.get_lr(), rel=1e-4)  # what run.py records is what trained
-            rates.append(applied)
-            schedule.advance(epoch)
-            save_epoch(checkpointer, epoch, 0.0, False)
-        return rates
-
-    fresh = learning_rates(4, range(1, 5), resume="none")
-    first_two = learning_rates(2, range(1, 3), resume="none")
-    last_two = learning_rates(4, range(3, 5), resume="auto")
-
-    assert first_two == pytest.approx([0.1, 0.05], rel=1e-4)  # the 2-epoch schedule it was started with
-    assert last_two == pytest.approx(fresh[2:], rel=1e-4)
-    assert min(last_two) > 0
 
 
 # ------------------------------------------------------------------ checkpoints move between GPUs and CPUs
@@ -529,12 +342,6 @@ def test_a_checkpoint_without_loss_scaling_resumes_a_run_with_it_on_a_fresh_scal
     assert resumer.resume("auto").epochs_done == 1
 
     assert resumer.scaler._init_loss_scaling == paddle.amp.GradScaler(enable=False)._init_loss_scaling
-
-
-def averaging(saver: Checkpointer, decay: float | None = 0.9) -> Checkpointer:
-    """`saver` of a run of --ema `decay` (None: a run without the flag), started as resume() starts it."""
-    saver.ema = engine.Ema(saver.model, decay)
-    return saver
 
 
 def take_averaged_steps(saver: Checkpointer, steps: int = 3, seed: int = 0) -> None:

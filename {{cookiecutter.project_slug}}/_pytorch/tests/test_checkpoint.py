@@ -6,7 +6,6 @@ import math
 import os
 import random
 import shutil
-import socket
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
-from conftest import rank_results, run_sh, save_rank_result
+from checkpointers import CPU, assert_same_weights, build_checkpointer, take_steps
+from conftest import acc_state, averaging, free_port, rank_results, run_sh, save_epoch, save_rank_result
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
@@ -25,38 +24,7 @@ from {{ cookiecutter.project_slug }} import checkpoint, distributed, engine, fsd
 from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.preemption import EpochProgress, Stopped
-from {{ cookiecutter.project_slug }}.state import TrainingState
-
-CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-
-
-ACC = ("acc", "max")  # these tests' runs pick best.* by an accuracy
-
-
-def acc_state(*args, **kwargs) -> TrainingState:
-    return TrainingState(*args, best_metric="acc", best_mode="max", **kwargs)
-
-
-def build_checkpointer(
-    directory, out_features: int = 3, model: nn.Module | None = None, env: DistEnv = CPU
-) -> Checkpointer:
-    model = model or nn.Linear(4, out_features)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    schedule = engine.cosine_schedule(optimizer, 10)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return Checkpointer(directory, env, model, optimizer, schedule, scaler, best=ACC)
-
-
-def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
-    """A few optimizer and scheduler steps, so there is momentum and a schedule position to lose."""
-    for _ in range(steps):
-        inputs, labels = torch.randn(8, 4), torch.randint(0, 3, (8,))
-        loss = F.cross_entropy(checkpointer.model(inputs), labels)
-        checkpointer.optimizer.zero_grad()
-        loss.backward()
-        checkpointer.optimizer.step()
-        checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress
 
 
 def draw_random_numbers() -> tuple:
@@ -65,18 +33,6 @@ def draw_random_numbers() -> tuple:
 
 def load(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def assert_same_tensors(left: dict, right: dict) -> None:
-    assert left.keys() == right.keys()
-    for key in left:
-        torch.testing.assert_close(left[key], right[key], rtol=0, atol=0)
-
-
-def save_epoch(saver: Checkpointer, epoch: int, best_acc: float, is_best: bool) -> None:
-    """Save as run.py ends epoch `epoch`: the best accuracy is then `best_acc`, reached by this epoch or not."""
-    saver.state = acc_state(epoch - 1, None if is_best else best_acc)
-    saver.end_epoch(epoch, {"loss": 1.0, "acc": best_acc if is_best else 0.0})
 
 
 def save_epochs_keeping_the_best_two(saver: Checkpointer, accuracies: list[float]) -> None:
@@ -94,7 +50,7 @@ def test_the_two_best_epochs_are_kept_and_listed_best_first_and_resume_auto_take
     top = json.loads((tmp_path / "top.json").read_text())
     assert top == [{"epoch": 2, "value": 0.7, "path": "epoch-2.pt"}, {"epoch": 3, "value": 0.6, "path": "epoch-3.pt"}]
     assert sorted(path.name for path in tmp_path.glob("*.pt")) == ["best.pt", "epoch-2.pt", "epoch-3.pt", "last.pt"]
-    assert_same_tensors(load(tmp_path / "epoch-2.pt")["model"], load(tmp_path / "best.pt")["model"])
+    assert_same_weights(load(tmp_path / "epoch-2.pt")["model"], load(tmp_path / "best.pt")["model"])
     assert build_checkpointer(tmp_path).resume("auto").epochs_done == 4
 
 
@@ -109,7 +65,7 @@ def test_last_checkpoint_loads_with_weights_only_and_holds_the_training_state(tm
     assert saved <= state.keys()
     assert state["epoch"] == 3
     assert (state["best_metric"], state["best_mode"], state["best_value"]) == ("acc", "max", 0.5)
-    assert_same_tensors(state["model"], saver.model.state_dict())
+    assert_same_weights(state["model"], saver.model.state_dict())
     assert state["optimizer"]["state"], "momentum buffers are missing"
     assert state["position"] == pytest.approx(0.3)  # take_steps()'s three tenths of an epoch
     assert saver.last_path == tmp_path / "last.pt"
@@ -134,56 +90,7 @@ def test_weights_saved_from_a_ddp_model_have_no_module_prefix(tmp_path, process_
     assert sorted(weights) == ["bias", "weight"]
     fresh = nn.Linear(4, 3)
     fresh.load_state_dict(weights)  # strict: the user's own model takes them as they are
-    assert_same_tensors(fresh.state_dict(), plain.state_dict())
-
-
-def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
-    saver = build_checkpointer(tmp_path)
-    saver.state = acc_state(2, 0.5)
-    saver.save_stopped(Stopped(3, EpochProgress(7, 3.25, 112)))
-
-    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(7, 3.25, 112))
-
-
-def test_saves_every_n_steps_fall_on_every_nth_optimizer_step_and_only_when_asked(tmp_path):
-    saver = build_checkpointer(tmp_path)
-    assert not any(saver.due(step) for step in range(1, 20))
-
-    saver.every_steps = 5
-    assert [step for step in range(1, 20) if saver.due(step)] == [5, 10, 15]
-
-
-def test_a_step_save_is_a_mid_epoch_checkpoint_that_resumes_where_it_was(tmp_path):
-    saver = build_checkpointer(tmp_path)
-    saver.state = acc_state(2, 0.5)
-    saver.save_progress(EpochProgress(10, 4.5, 160, consumed=320))
-
-    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(10, 4.5, 160, 320))
-
-
-def save_of_two_ranks(directory, monkeypatch) -> None:
-    """A mid-epoch checkpoint as two ranks write it: 10 batches of 16 each, 320 samples of the epoch's order."""
-    saver = build_checkpointer(directory)
-    saver.state = acc_state(2, 0.5)
-    with monkeypatch.context() as patch:
-        ranks = lambda mine: [mine, (mine[0], EpochProgress(10, 5.5, 160, 320).to_dict())]  # noqa: E731
-        patch.setattr(checkpoint.distributed, "all_gather_object", ranks)
-        saver.save_progress(EpochProgress(10, 4.5, 160, 320))
-
-
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_a_mid_epoch_checkpoint_goes_on_on_another_number_of_processes_from_the_same_place(
-    tmp_path, monkeypatch, world_size
-):
-    save_of_two_ranks(tmp_path, monkeypatch)
-    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point] * world_size)
-    ranks = [DistEnv(rank, rank, world_size, CPU.device) for rank in range(world_size)]
-
-    progress = [build_checkpointer(tmp_path, env=env).resume("auto").progress for env in ranks]
-
-    # Each rank from its first batch of the rest of the epoch; rank 0 carries the loss so far, as all ranks sum it.
-    assert progress[0] == EpochProgress(0, 10.0, 320, consumed=320)
-    assert all(rank == EpochProgress(0, 0.0, 0, consumed=320) for rank in progress[1:])
+    assert_same_weights(fresh.state_dict(), plain.state_dict())
 
 
 def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
@@ -204,11 +111,11 @@ def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_strea
     assert resumer.resume("auto") == acc_state(2, 0.75, EpochProgress())
 
     assert draw_random_numbers() == numbers_after_save
-    assert_same_tensors(resumer.model.state_dict(), saved_model)
+    assert_same_weights(resumer.model.state_dict(), saved_model)
     restored = resumer.optimizer.state_dict()
     assert restored["param_groups"] == saved_optimizer["param_groups"]
     for index, buffers in saved_optimizer["state"].items():
-        assert_same_tensors(restored["state"][index], buffers)
+        assert_same_weights(restored["state"][index], buffers)
     assert resumer.schedule.position == saver.schedule.position == pytest.approx(0.3)
     assert resumer.optimizer.param_groups[0]["lr"] == saver.optimizer.param_groups[0]["lr"]
 
@@ -237,31 +144,11 @@ def test_a_checkpoint_of_the_per_epoch_schedule_resumes_at_the_rate_of_its_epoch
     assert rate == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 2 / 10)))  # epoch 3's rate of a 10-epoch cosine
 
 
-def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
-    assert build_checkpointer(tmp_path / "empty").resume("auto") == acc_state(0, None, EpochProgress())
-
-
-def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
-    save_epoch(build_checkpointer(tmp_path), 4, 0.9, False)
-    fresh = build_checkpointer(tmp_path)
-    weights = {k: v.clone() for k, v in fresh.model.state_dict().items()}
-
-    assert fresh.resume("none") == acc_state(0, None, EpochProgress())
-    assert_same_tensors(fresh.model.state_dict(), weights)
-
-
 def test_resume_from_an_explicit_path_loads_that_file(tmp_path):
     save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 
     resumed = build_checkpointer(tmp_path / "new").resume(str(tmp_path / "old/last.pt"))
     assert resumed == acc_state(5, 0.6, EpochProgress(), stale_epochs=1)  # (epoch 5 was not the best)
-
-
-def test_resume_from_a_missing_path_says_so(tmp_path):
-    missing = tmp_path / "nope.pt"
-    with pytest.raises(UserError, match="not found") as error:
-        build_checkpointer(tmp_path).resume(str(missing))
-    assert str(missing) in str(error.value)
 
 
 def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
@@ -281,33 +168,6 @@ def test_best_checkpoint_is_written_only_when_the_epoch_is_the_best(tmp_path):
 def test_first_epoch_that_is_not_the_best_writes_no_best_checkpoint(tmp_path):
     save_epoch(build_checkpointer(tmp_path), 1, 0.0, False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
-
-
-def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
-    save_epoch(build_checkpointer(tmp_path, out_features=3), 1, 0.1, False)
-    other = build_checkpointer(tmp_path, out_features=5)
-
-    with pytest.raises(UserError, match="does not match the model") as error:
-        other.resume("auto")
-
-    message = str(error.value)
-    assert "weight" in message and "size mismatch" in message
-    # The advice keeps the earlier checkpoints: a new folder, not --resume none over them.
-    assert "new --output-dir" in message and "--resume none" not in message
-    assert "\n" not in message
-
-
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage):
-    save_epoch(build_checkpointer(tmp_path), 1, 0.1, False)
-    path = tmp_path / "last.pt"
-    data = path.read_bytes()
-    damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
-    path.write_bytes(damaged[damage])
-
-    with pytest.raises(UserError, match="corrupt") as error:
-        build_checkpointer(tmp_path).resume("auto")
-    assert str(path) in str(error.value)
 
 
 def test_saving_leaves_no_temporary_file(tmp_path):
@@ -343,42 +203,6 @@ def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
         build_checkpointer(tmp_path).resume(str(tmp_path / "weights.pt"))
 
 
-def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
-    save_epoch(build_checkpointer(tmp_path), 2, 0.5, False)
-    # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
-    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
-
-    with pytest.raises(UserError, match="ranks found different checkpoints") as error:
-        build_checkpointer(tmp_path).resume("auto")
-
-    assert "shared filesystem" in str(error.value)
-
-
-def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
-    def learning_rates(total_epochs: int, run_epochs: range, resume: str) -> list[float]:
-        model = nn.Linear(4, 3)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        schedule = engine.cosine_schedule(optimizer, total_epochs)
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        checkpointer = Checkpointer(tmp_path, CPU, model, optimizer, schedule, scaler)
-        checkpointer.resume(resume)  # which also puts the schedule's rate back
-        rates = []
-        for epoch in run_epochs:
-            rates.append(optimizer.param_groups[0]["lr"])
-            optimizer.step()
-            schedule.advance(epoch)
-            save_epoch(checkpointer, epoch, 0.0, False)
-        return rates
-
-    fresh = learning_rates(4, range(1, 5), resume="none")
-    first_two = learning_rates(2, range(1, 3), resume="none")
-    last_two = learning_rates(4, range(3, 5), resume="auto")
-
-    assert first_two == pytest.approx([0.1, 0.05])  # the 2-epoch schedule it was started with
-    assert last_two == pytest.approx(fresh[2:])
-    assert min(last_two) > 0
-
-
 # ------------------------------------------------------------------ checkpoints move between GPUs and CPUs
 
 GPU1 = DistEnv(rank=0, local_rank=1, world_size=1, device=torch.device("cuda", 1))
@@ -408,7 +232,7 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_machine_without_one(tmp_path
     resumer = build_checkpointer(tmp_path)
 
     assert resumer.resume("auto") == acc_state(2, 0.75, EpochProgress())
-    assert_same_tensors(resumer.model.state_dict(), saver.model.state_dict())
+    assert_same_weights(resumer.model.state_dict(), saver.model.state_dict())
     assert resumer.optimizer.state_dict()["state"], "momentum buffers are missing"
 
 
@@ -566,12 +390,6 @@ def test_a_sharded_save_of_another_model_is_refused_naming_the_mismatch(tmp_path
         build_checkpointer(tmp_path, out_features=5).resume("auto")
 
 
-def averaging(saver: Checkpointer, decay: float | None = 0.9) -> Checkpointer:
-    """`saver` of a run of --ema `decay` (None: a run without the flag), started as resume() starts it."""
-    saver.ema = engine.Ema(saver.model, decay)
-    return saver
-
-
 def take_averaged_steps(saver: Checkpointer, steps: int = 3) -> None:
     for _ in range(steps):
         take_steps(saver, 1)
@@ -600,7 +418,7 @@ def test_ema_0_averages_to_exactly_the_weights(tmp_path):
     saver = averaging(build_checkpointer(tmp_path), 0.0)
     saver.resume("none")
     take_averaged_steps(saver)
-    assert_same_tensors(saver.ema.averages, saver.model.state_dict())
+    assert_same_weights(saver.ema.averages, saver.model.state_dict())
 
 
 def test_validation_sees_the_averages_in_the_models_own_tensors_and_training_goes_on_with_its_weights(tmp_path):
@@ -622,11 +440,11 @@ def test_a_stop_saves_both_weights_and_its_resume_goes_on_averaging_as_if_never_
     take_averaged_steps(saver, 2)
     saver.save_progress(EpochProgress(step=2, consumed=16))  # as a SIGTERM stop saves
     saved = load(tmp_path / "last.pt")
-    assert_same_tensors(saved["model"], saver.model.state_dict())
-    assert_same_tensors(saved["ema"], saver.ema.averages) and saved["ema_decay"] == 0.9
+    assert_same_weights(saved["model"], saver.model.state_dict())
+    assert_same_weights(saved["ema"], saver.ema.averages) and saved["ema_decay"] == 0.9
     # predict.py and export.py: the averages, or with --weights raw the trained weights.
-    assert_same_tensors(checkpoint.read_weights(tmp_path / "last.pt")[0], saved["ema"])
-    assert_same_tensors(checkpoint.read_weights(tmp_path / "last.pt", averaged=False)[0], saved["model"])
+    assert_same_weights(checkpoint.read_weights(tmp_path / "last.pt")[0], saved["ema"])
+    assert_same_weights(checkpoint.read_weights(tmp_path / "last.pt", averaged=False)[0], saved["model"])
     take_averaged_steps(saver, 2)  # the uninterrupted run
 
     resumed = averaging(build_checkpointer(tmp_path), decay=None)  # resumed without --ema
@@ -635,7 +453,7 @@ def test_a_stop_saves_both_weights_and_its_resume_goes_on_averaging_as_if_never_
     take_averaged_steps(resumed, 2)
 
     assert "this run goes on with the resumed run's --ema 0.9" in caplog.text
-    assert_same_tensors(resumed.ema.averages, saver.ema.averages)
+    assert_same_weights(resumed.ema.averages, saver.ema.averages)
 
 
 def test_ema_on_a_resume_of_a_checkpoint_without_averages_starts_them_at_its_weights_and_says_so(tmp_path, caplog):
@@ -648,7 +466,7 @@ def test_ema_on_a_resume_of_a_checkpoint_without_averages_starts_them_at_its_wei
         resumed.resume("auto")
 
     assert "the checkpoint holds no averaged weights; the average starts at its weights" in caplog.text
-    assert_same_tensors(resumed.ema.averages, saver.model.state_dict())
+    assert_same_weights(resumed.ema.averages, saver.model.state_dict())
     plain = averaging(build_checkpointer(tmp_path), None)  # nor does a resume without --ema
     plain.resume("auto")
     assert not plain.ema.active and load(tmp_path / "last.pt")["ema"] == {}
@@ -664,17 +482,17 @@ def test_sharded_averages_are_saved_under_their_own_key_and_resume_whole_or_shar
 
     unsharded = averaging(build_checkpointer(tmp_path), None)
     unsharded.resume("auto")
-    assert_same_tensors(unsharded.ema.averages, averages)
+    assert_same_weights(unsharded.ema.averages, averages)
     sharded = averaging(fsdp_checkpointer(tmp_path), None)
     sharded.resume("auto")
-    assert_same_tensors(whole(sharded.ema.averages), averages)
-    assert_same_tensors(checkpoint.read_weights(tmp_path / "best")[0], averages)
+    assert_same_weights(whole(sharded.ema.averages), averages)
+    assert_same_weights(checkpoint.read_weights(tmp_path / "best")[0], averages)
     assert not torch.equal(checkpoint.read_weights(tmp_path / "best", averaged=False)[0]["weight"], averages["weight"])
 
     unsharded.end_epoch(2, {"loss": 1.0, "acc": 0.4})  # a file now, read into the shards of a sharded model
     from_file = averaging(fsdp_checkpointer(tmp_path), None)
     from_file.resume(str(tmp_path / "last.pt"))
-    assert_same_tensors(whole(from_file.ema.averages), averages)
+    assert_same_weights(whole(from_file.ema.averages), averages)
 
 
 class PretrainedBody(nn.Module):
@@ -726,12 +544,6 @@ def init_from_worker(rank: int, port: int, init_from: str, out_dir: str) -> None
         })  # fmt: skip
     finally:
         distributed.cleanup()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def init_from_on_two_fsdp_ranks(tmp_path, init_from) -> list[dict]:

@@ -2,27 +2,19 @@
 the target's own units, predictions as a CSV of id and target."""
 
 import argparse
-import csv
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_csv
 
 from {{ cookiecutter.project_slug }} import data, engine, inference, loaders, seam, task
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.model import build_model, build_optimizer
 
 HEADER = ["id", "age", "bmi", "site", "target"]  # site: the same in every row
-
-
-def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as file:
-        writer = csv.writer(file)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
 
 
 def patients(count: int, first: int = 0) -> list[list]:

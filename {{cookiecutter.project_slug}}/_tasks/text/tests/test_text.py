@@ -1,13 +1,13 @@
 """The text task: CSV files of texts and labels in, token-id batches as dicts, the ROC AUC, predictions as a CSV."""
 
 import argparse
-import csv
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_csv
 
 from {{ cookiecutter.project_slug }} import data, inference, seam, task
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -19,14 +19,6 @@ WORDS = {
     "network": "socket host port address connect send",
     "numbers": "integer float decimal round sum digits",
 }
-
-
-def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as file:
-        writer = csv.writer(file)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
 
 
 def texts_of(label: str, count: int, first: int = 0) -> list[list]:

@@ -1,0 +1,66 @@
+"""A Checkpointer of a small model, a few training steps for it and a comparison of weights, for test_checkpoint.py
+and for test_checkpoint_resume.py, which asks the same of both frameworks' checkpoints."""
+
+import torch
+import torch.nn.functional as F
+from conftest import ACC, save_epoch
+from torch import nn
+
+from {{ cookiecutter.project_slug }} import engine
+from {{ cookiecutter.project_slug }}.checkpoint import Checkpointer
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
+
+CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+LAST_FILES = ["last.pt"]  # what a save's last checkpoint is made of
+RANKS_DISAGREE = "ranks found different checkpoints"  # what a resume that ranks would take from different saves says
+
+
+def build_checkpointer(
+    directory, out_features: int = 3, model: nn.Module | None = None, env: DistEnv = CPU
+) -> Checkpointer:
+    model = model or nn.Linear(4, out_features)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    schedule = engine.cosine_schedule(optimizer, 10)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return Checkpointer(directory, env, model, optimizer, schedule, scaler, best=ACC)
+
+
+def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
+    """A few optimizer and scheduler steps, so there is momentum and a schedule position to lose."""
+    for _ in range(steps):
+        inputs, labels = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        loss = F.cross_entropy(checkpointer.model(inputs), labels)
+        checkpointer.optimizer.zero_grad()
+        loss.backward()
+        checkpointer.optimizer.step()
+        checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
+
+
+def weights_of(model: nn.Module) -> dict:
+    """A copy of the model's state dict, which later steps leave as it is."""
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def assert_same_weights(left: dict, right: dict) -> None:
+    """The same names, and tensors equal to the last bit."""
+    assert left.keys() == right.keys()
+    for key in left:
+        torch.testing.assert_close(left[key], right[key], rtol=0, atol=0)
+
+
+def learning_rates(directory, total_epochs: int, run_epochs: range, resume: str) -> list[float]:
+    """The rate of each epoch's optimizer step, as run.py builds, resumes and steps the schedule (a run's saves in
+    `directory`)."""
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    schedule = engine.cosine_schedule(optimizer, total_epochs)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    checkpointer = Checkpointer(directory, CPU, model, optimizer, schedule, scaler)
+    checkpointer.resume(resume)  # which also puts the schedule's rate back
+    rates = []
+    for epoch in run_epochs:
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.advance(epoch)
+        save_epoch(checkpointer, epoch, 0.0, False)
+    return rates

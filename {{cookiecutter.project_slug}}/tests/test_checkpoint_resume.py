@@ -1,0 +1,141 @@
+"""What a checkpoint resumes, asked alike of both frameworks' Checkpointer (checkpointers.py builds the framework's);
+test_checkpoint.py holds what only one framework's files, tensors and devices show."""
+
+from pathlib import Path
+
+import pytest
+from checkpointers import (
+    CPU,
+    LAST_FILES,
+    RANKS_DISAGREE,
+    assert_same_weights,
+    build_checkpointer,
+    learning_rates,
+    weights_of,
+)
+from conftest import acc_state, save_epoch
+
+from {{ cookiecutter.project_slug }} import checkpoint
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
+from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.preemption import EpochProgress, Stopped
+
+
+def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    saver.state = acc_state(2, 0.5)
+    saver.save_stopped(Stopped(3, EpochProgress(7, 3.25, 112)))
+
+    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(7, 3.25, 112))
+
+
+def test_saves_every_n_steps_fall_on_every_nth_optimizer_step_and_only_when_asked(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    assert not any(saver.due(step) for step in range(1, 20))
+
+    saver.every_steps = 5
+    assert [step for step in range(1, 20) if saver.due(step)] == [5, 10, 15]
+
+
+def test_a_step_save_is_a_mid_epoch_checkpoint_that_resumes_where_it_was(tmp_path):
+    saver = build_checkpointer(tmp_path)
+    saver.state = acc_state(2, 0.5)
+    saver.save_progress(EpochProgress(10, 4.5, 160, consumed=320))
+
+    assert build_checkpointer(tmp_path).resume("auto") == acc_state(2, 0.5, EpochProgress(10, 4.5, 160, 320))
+
+
+def save_of_two_ranks(directory, monkeypatch) -> None:
+    """A mid-epoch checkpoint as two ranks write it: 10 batches of 16 each, 320 samples of the epoch's order."""
+    saver = build_checkpointer(directory)
+    saver.state = acc_state(2, 0.5)
+    with monkeypatch.context() as patch:
+        ranks = lambda mine: [mine, (mine[0], EpochProgress(10, 5.5, 160, 320).to_dict())]  # noqa: E731
+        patch.setattr(checkpoint.distributed, "all_gather_object", ranks)
+        saver.save_progress(EpochProgress(10, 4.5, 160, 320))
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_mid_epoch_checkpoint_goes_on_on_another_number_of_processes_from_the_same_place(
+    tmp_path, monkeypatch, world_size
+):
+    save_of_two_ranks(tmp_path, monkeypatch)
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point] * world_size)
+    ranks = [DistEnv(rank, rank, world_size, CPU.device) for rank in range(world_size)]
+
+    progress = [build_checkpointer(tmp_path, env=env).resume("auto").progress for env in ranks]
+
+    # Each rank from its first batch of the rest of the epoch; rank 0 carries the loss so far, as all ranks sum it.
+    assert progress[0] == EpochProgress(0, 10.0, 320, consumed=320)
+    assert all(rank == EpochProgress(0, 0.0, 0, consumed=320) for rank in progress[1:])
+
+
+def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
+    assert build_checkpointer(tmp_path / "empty").resume("auto") == acc_state(0, None, EpochProgress())
+
+
+def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
+    save_epoch(build_checkpointer(tmp_path), 4, 0.9, False)
+    fresh = build_checkpointer(tmp_path)
+    weights = weights_of(fresh.model)
+
+    assert fresh.resume("none") == acc_state(0, None, EpochProgress())
+    assert_same_weights(weights_of(fresh.model), weights)
+
+
+def test_resume_from_a_missing_path_says_so(tmp_path):
+    missing = tmp_path / f"nope{Path(checkpoint.LAST).suffix}"  # nope.pt, nope.pdparams
+    with pytest.raises(UserError, match="not found") as error:
+        build_checkpointer(tmp_path).resume(str(missing))
+    assert str(missing) in str(error.value)
+
+
+def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
+    save_epoch(build_checkpointer(tmp_path, out_features=3), 1, 0.1, False)
+    other = build_checkpointer(tmp_path, out_features=5)
+
+    with pytest.raises(UserError, match="does not match the model") as error:
+        other.resume("auto")
+
+    message = str(error.value)
+    assert "weight" in message and "size mismatch" in message
+    # The advice keeps the earlier checkpoints: a new folder, not --resume none over them.
+    assert "new --output-dir" in message and "--resume none" not in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", LAST_FILES)
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, name):
+    save_epoch(build_checkpointer(tmp_path), 1, 0.1, False)
+    path = tmp_path / name
+    data = path.read_bytes()
+    damaged = {"garbage": b"\x80\x02not a checkpoint" * 10, "truncated": data[: len(data) // 2], "empty": b""}
+    path.write_bytes(damaged[damage])
+
+    with pytest.raises(UserError, match="corrupt") as error:
+        build_checkpointer(tmp_path).resume("auto")
+    assert str(path) in str(error.value)
+    # The advice keeps the earlier checkpoints: best.* or a new folder, not --resume none over them.
+    assert str(tmp_path / checkpoint.BEST) in str(error.value) and "--resume none" not in str(error.value)
+
+
+def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
+    save_epoch(build_checkpointer(tmp_path), 2, 0.5, False)
+    # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.
+    monkeypatch.setattr(checkpoint.distributed, "all_gather_object", lambda point: [point, (0, 0)])
+
+    with pytest.raises(UserError, match=RANKS_DISAGREE) as error:
+        build_checkpointer(tmp_path).resume("auto")
+
+    assert "shared filesystem" in str(error.value)
+
+
+def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
+    fresh = learning_rates(tmp_path, 4, range(1, 5), resume="none")
+    first_two = learning_rates(tmp_path, 2, range(1, 3), resume="none")
+    last_two = learning_rates(tmp_path, 4, range(3, 5), resume="auto")
+
+    assert first_two == pytest.approx([0.1, 0.05])  # the 2-epoch schedule it was started with
+    assert last_two == pytest.approx(fresh[2:])
+    assert min(last_two) > 0
