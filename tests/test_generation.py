@@ -16,7 +16,6 @@ SHARED_PACKAGE = {
     "roll_call",  # no silent wait: machines that have not come, ranks that stopped answering; no orphan rank
     "output_folder",  # one job per output folder; the saves kept in it
     "preflight",  # run.sh --check
-    "machine_checks",
     "cli",
     "folds",  # --folds K: the folds, their runs, out-of-fold predictions, the CV score
     "options",  # the kinds of values, the task's own flags, --config files and config.yaml
@@ -29,7 +28,7 @@ SHARED_PACKAGE = {
     "platforms",
     "notebook",
     "submission",
-    "hardware",
+    "hardware",  # what this machine has, and what run.sh --check asks of it (standard library only)
     "training",
     "workspace",
     "modelarts",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, machine_checks, modelarts, platforms, roll_call, workspace
+from {{ cookiecutter.project_slug }} import cli, hardware, modelarts, platforms, roll_call, workspace
 from {{ cookiecutter.project_slug }}.errors import PlatformError
 from {{ cookiecutter.project_slug }}.platforms import Layout
 
@@ -196,8 +196,8 @@ def test_a_host_name_is_resolved_and_waited_for_until_join_timeout(capsys):
             raise answer
         return answer
 
-    assert machine_checks.resolve("job-master-0", 60, lookup=lookup, sleep=lambda s: None) == "10.0.0.5"
-    assert machine_checks.resolve("10.0.0.7", 0, lookup=None) == "10.0.0.7"  # an address is not looked up
+    assert hardware.resolve("job-master-0", 60, lookup=lookup, sleep=lambda s: None) == "10.0.0.5"
+    assert hardware.resolve("10.0.0.7", 0, lookup=None) == "10.0.0.7"  # an address is not looked up
     assert "waiting for the master's host name job-master-0" in capsys.readouterr().err
 
 
@@ -206,7 +206,7 @@ def test_a_host_name_that_never_resolves_ends_in_one_line():
         raise socket.gaierror("unknown")
 
     with pytest.raises(PlatformError, match="'nowhere.invalid' did not resolve within JOIN_TIMEOUT=0 s"):
-        machine_checks.resolve("nowhere.invalid", 0, lookup=lookup, sleep=lambda s: None)
+        hardware.resolve("nowhere.invalid", 0, lookup=lookup, sleep=lambda s: None)
 
 
 def test_the_found_line_names_platform_machine_processes_and_master():

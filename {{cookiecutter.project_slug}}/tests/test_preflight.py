@@ -3,8 +3,8 @@ in the template's tests)."""
 
 import socket
 
-from {{ cookiecutter.project_slug }} import machine_checks, preflight
-from {{ cookiecutter.project_slug }}.machine_checks import SHM_PER_WORKER, MiB
+from {{ cookiecutter.project_slug }} import hardware, preflight
+from {{ cookiecutter.project_slug }}.hardware import SHM_PER_WORKER, MiB
 
 
 def report(**changes) -> dict:
@@ -73,44 +73,44 @@ def test_the_all_reduce_line_gives_the_bus_bandwidth_of_its_slowest_rank():
 
 
 def test_the_interface_to_the_master_is_named_and_a_variable_is_asked_for_only_where_the_default_differs():
-    said, variable = machine_checks.interface_advice("127.0.0.1", 29500, on_gpu=False, env={})
+    said, variable = hardware.interface_advice("127.0.0.1", 29500, on_gpu=False, env={})
     assert said.startswith("lo (127.0.0.1) reaches the master") and variable is None
 
-    said, variable = machine_checks.interface_advice("127.0.0.1", 29500, on_gpu=True, env={"NCCL_SOCKET_IFNAME": "lo"})
+    said, variable = hardware.interface_advice("127.0.0.1", 29500, on_gpu=True, env={"NCCL_SOCKET_IFNAME": "lo"})
     assert said.endswith("NCCL_SOCKET_IFNAME=lo is set") and variable is None
 
 
 def test_where_gloo_would_bind_elsewhere_than_the_way_to_the_master_the_line_names_the_variable(monkeypatch):
-    monkeypatch.setattr(machine_checks, "route_to", lambda master, port: "127.0.0.1")  # this machine's lo
-    monkeypatch.setattr(machine_checks, "gloo_default_address", lambda: None)  # its host name resolves to nothing
+    monkeypatch.setattr(hardware, "route_to", lambda master, port: "127.0.0.1")  # this machine's lo
+    monkeypatch.setattr(hardware, "gloo_default_address", lambda: None)  # its host name resolves to nothing
 
-    said, variable = machine_checks.interface_advice("10.0.0.1", 29500, on_gpu=False, env={})
+    said, variable = hardware.interface_advice("10.0.0.1", 29500, on_gpu=False, env={})
 
     assert said == "lo (127.0.0.1) reaches the master 10.0.0.1, but GLOO_SOCKET_IFNAME unset would take the loopback"
     assert variable == "GLOO_SOCKET_IFNAME=lo"
 
 
 def test_the_data_is_found_as_a_folder_or_as_the_archive_beside_it(tmp_path):
-    assert machine_checks.data_present(str(tmp_path / "set"), None) is None
+    assert preflight.data_present(str(tmp_path / "set"), None) is None
     (tmp_path / "set.zip").write_bytes(b"PK")
-    assert machine_checks.data_present(str(tmp_path / "set"), None) == f"the archive {tmp_path / 'set.zip'}"
-    assert machine_checks.data_present(None, str(tmp_path / "other.zip")) is None
+    assert preflight.data_present(str(tmp_path / "set"), None) == f"the archive {tmp_path / 'set.zip'}"
+    assert preflight.data_present(None, str(tmp_path / "other.zip")) is None
 
 
 def test_the_last_checkpoint_counts_every_file_of_it(tmp_path):
-    assert machine_checks.checkpoint_bytes(tmp_path / "checkpoints") == 0
+    assert hardware.checkpoint_bytes(tmp_path / "checkpoints") == 0
     (tmp_path / "checkpoints" / "last").mkdir(parents=True)
     (tmp_path / "checkpoints" / "last" / "rank0.distcp").write_bytes(b"x" * 100)
     (tmp_path / "checkpoints" / "last.pdopt").write_bytes(b"x" * 20)
     (tmp_path / "checkpoints" / "best.pt").write_bytes(b"x" * 1000)
 
-    assert machine_checks.checkpoint_bytes(tmp_path / "checkpoints") == 120
+    assert hardware.checkpoint_bytes(tmp_path / "checkpoints") == 120
 
 
 def test_a_port_that_nothing_listens_on_is_given_up_after_the_wait_and_one_that_listens_answers():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         port = server.getsockname()[1]
-        assert not machine_checks.wait_for_port("127.0.0.1", port, wait_s=0.5)
+        assert not hardware.wait_for_port("127.0.0.1", port, wait_s=0.5)
         server.listen()
-        assert machine_checks.wait_for_port("127.0.0.1", port, wait_s=0.5)
+        assert hardware.wait_for_port("127.0.0.1", port, wait_s=0.5)

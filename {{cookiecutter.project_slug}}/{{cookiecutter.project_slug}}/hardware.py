@@ -1,10 +1,31 @@
-"""What this machine has, asked without any framework: the standard library only."""
+"""What this machine has, asked without any framework (the standard library only): its cores, whether an NVIDIA
+driver shows GPUs, the loader workers and mixed precision that suit it; and what `bash run.sh --check` asks of it.
 
+platforms.py asks the network questions before the launcher starts (the master's name and port, the interface that
+reaches it); preflight.py asks the rest in every machine's first process and compares the answers. Each function
+answers for the paths and numbers it is given, so a test can hand it others.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
 import os
 import shutil
+import socket
+import struct
+import sys
+import time
 from pathlib import Path
 
-from .errors import UserError
+from .errors import PlatformError, UserError
+
+# Every wait of a check ends within this, so that each problem is one line within a minute of the last start.
+WAIT_S = 40.0
+MiB = 1 << 20
+# What each loader worker process may hold in /dev/shm at once: its prefetched batches (2 by default; an image
+# batch of 64 x 3 x 224 x 224 in float32 is 38 MiB). A container's default /dev/shm is 64 MiB.
+SHM_PER_WORKER = 128 * MiB
 
 
 def nvidia_driver_present() -> bool:
@@ -72,3 +93,171 @@ def amp_dtype(amp: bool, asked: str, capability: tuple[int, int] | None) -> str 
     if asked == "auto":
         return "bf16" if native_bf16 else "fp16"
     return asked
+
+
+def network(layout, master_ip: str, device: str, gpus: int, wait_s: float = WAIT_S) -> list[str]:
+    """run.sh --check, before the launcher, for platforms.py's `layout`: the master resolves, its port answers
+    within `wait_s` (machine 0: run.sh checks that it is free), and the interface that reaches it. The `check`
+    lines; a PlatformError for a problem."""
+    lines = [f"check master: {layout.master_addr} is {master_ip}"]
+    # Machine 0 hosts the port itself (a PaddleJob numbers its machines later: the one holding the master's address).
+    hosts_master = layout.node_rank == 0 or (layout.node_rank is None and interface_of(master_ip))
+    if not hosts_master:
+        if not wait_for_port(master_ip, layout.master_port, wait_s):
+            raise PlatformError(
+                f"nothing answers on the master's port {master_ip}:{layout.master_port} within "
+                f"{wait_s:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
+                "check that its firewall lets the port in"
+            )
+        lines.append(f"check port: {master_ip}:{layout.master_port} answers")
+    on_gpu = device != "cpu" and gpus > 0
+    said, variable = interface_advice(master_ip, layout.master_port, on_gpu)
+    lines.append(f"check interface: {said}" + (f": export {variable} on this machine" if variable else ""))
+    return lines
+
+
+def wait_for_port(host: str, port: int, wait_s: float = WAIT_S) -> bool:
+    """True once something accepts connections on host:port (machine 0's launcher, started later, may not yet)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError):
+            with socket.create_connection((host, port), timeout=2.0):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
+
+
+def route_to(master_ip: str, port: int) -> str:
+    """This machine's address on the way to the master: the kernel's routing choice (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_ip, port))
+        return probe.getsockname()[0]
+
+
+def ipv4_of(interface: str) -> str | None:
+    """The IPv4 address of a network interface (eth0, ib0, lo, ...); None where it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as query:
+        try:
+            # SIOCGIFADDR: the interface's address, in a struct ifreq
+            answer = fcntl.ioctl(query.fileno(), 0x8915, struct.pack("256s", interface.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds `address`; None where none does."""
+    return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == address), None)
+
+
+def gloo_default_address() -> str | None:
+    """The address gloo takes when GLOO_SOCKET_IFNAME is unset: what this machine's host name resolves to."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
+def nccl_default_interface() -> str | None:
+    """The interface NCCL takes when NCCL_SOCKET_IFNAME is unset: InfiniBand first, then any but lo and docker*."""
+    names = sorted(name for _, name in socket.if_nameindex() if ipv4_of(name))
+    for chosen in (lambda name: name.startswith("ib"), lambda name: not name.startswith(("lo", "docker"))):
+        found = [name for name in names if chosen(name)]
+        if found:
+            return found[0]
+    return None
+
+
+def interface_advice(master_ip: str, port: int, on_gpu: bool, env=os.environ) -> tuple[str, str | None]:
+    """(the line saying which interface reaches the master, the variable to set where the backend's default
+    would take another one, or None)."""
+    try:
+        address = route_to(master_ip, port)
+    except OSError as error:  # an IPv6 master, no route: the launcher will say more
+        return f"no route to the master {master_ip} found ({error.strerror or error})", None
+    interface = interface_of(address) or address
+    variable = "NCCL_SOCKET_IFNAME" if on_gpu else "GLOO_SOCKET_IFNAME"
+    line = f"{interface} ({address}) reaches the master {master_ip}"
+    if env.get(variable):
+        return f"{line}; {variable}={env[variable]} is set", None
+    if on_gpu:
+        default = nccl_default_interface()
+        differs = default not in (interface, None)
+    else:  # gloo binds to what the host name resolves to, else to the loopback (Debian maps it to 127.0.1.1)
+        default_address = gloo_default_address()
+        default = interface_of(default_address or "") or default_address or "the loopback"
+        differs = default_address != address
+    if not differs or master_ip.startswith("127."):  # a master on the loopback: every machine is this one
+        return f"{line}; {variable} unset, the default is the same", None
+    return f"{line}, but {variable} unset would take {default}", f"{variable}={interface}"
+
+
+def code_hash(root: Path, package: str) -> tuple[str, int]:
+    """A short hash of the project's code (run.sh, requirements.txt, the *.py files), and how many files it covers."""
+    files = [root / "run.sh", root / "requirements.txt", *root.glob("*.py"), *(root / package).rglob("*.py")]
+    digest = hashlib.sha256()
+    present = sorted(path for path in files if path.is_file())
+    for path in present:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12], len(present)
+
+
+def write_probe(folder: Path) -> str | None:
+    """Why `folder` cannot be written (created where missing); None where a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".check-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+        return None
+    except OSError as error:
+        return error.strerror or str(error)
+
+
+def free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def checkpoint_bytes(checkpoints: Path) -> int:
+    """The size of the last save (last.pt, last.pdparams and last.pdopt, or a sharded save's folder); 0 before one."""
+    saved = list(checkpoints.glob("last*")) if checkpoints.is_dir() else []
+    files = [path for entry in saved for path in ([entry] if entry.is_file() else entry.rglob("*")) if path.is_file()]
+    return sum(path.stat().st_size for path in files)
+
+
+def shm_free(path: Path = Path("/dev/shm")) -> int | None:
+    """Free bytes of the shared memory that loader workers hand batches through; None where there is none."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def resolve(host: str, timeout_s: float, lookup=socket.gethostbyname, sleep=time.sleep) -> str:
+    """The IP address of `host`, asked again every second while it does not resolve yet (Kubernetes names
+    appear seconds after the pods), up to `timeout_s`. Paddle's launcher hosts the master only when given
+    one of its own IP addresses, never a name; torch takes either."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    told = False
+    while True:
+        try:
+            return lookup(host)
+        except OSError:  # socket.gaierror: not (yet) known
+            pass
+        if time.monotonic() >= deadline:
+            raise PlatformError(
+                f"the master's host name {host!r} did not resolve within JOIN_TIMEOUT={timeout_s:g} s: check "
+                "MASTER_ADDR (or what the platform set), or raise JOIN_TIMEOUT"
+            )
+        if not told:
+            print(
+                f"waiting for the master's host name {host} to resolve (JOIN_TIMEOUT={timeout_s:g} s)", file=sys.stderr
+            )
+            told = True
+        sleep(1.0)

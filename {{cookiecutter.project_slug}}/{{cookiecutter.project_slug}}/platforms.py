@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import cli, hardware, machine_checks, output_folder, roll_call
+from . import cli, hardware, output_folder, roll_call
 from .errors import PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -350,13 +350,13 @@ def main(argv: list[str]) -> None:
         if script != "predict.py" and layout.node_rank == 0 and (busy := output_folder.in_use(output_dir)):
             raise PlatformError(busy)
         # --check: every wait ends within a minute, so that each problem is said while the user watches.
-        wait_s = min(join_timeout(env), machine_checks.WAIT_S) if check else join_timeout(env)
+        wait_s = min(join_timeout(env), hardware.WAIT_S) if check else join_timeout(env)
         master_ip = layout.master_addr
         if layout.nnodes > 1:
-            master_ip = machine_checks.resolve(layout.master_addr, wait_s)
+            master_ip = hardware.resolve(layout.master_addr, wait_s)
         checked = []
         if check and layout.nnodes > 1:
-            checked = machine_checks.network(layout, master_ip, args.device, gpus, wait_s)
+            checked = hardware.network(layout, master_ip, args.device, gpus, wait_s)
     except PlatformError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

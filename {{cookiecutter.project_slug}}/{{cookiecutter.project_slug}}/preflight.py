@@ -16,10 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import distributed, hardware, machine_checks
+from . import distributed, hardware
 from .errors import CHECK_FAILED_STATUS, explain_user_errors
 from .framework_probe import framework_build, gpu_count, timed_all_reduce
-from .machine_checks import SHM_PER_WORKER, WAIT_S, MiB
+from .hardware import SHM_PER_WORKER, WAIT_S, MiB
+from .workspace import ARCHIVE_SUFFIXES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLOCK_LIMIT_S = 5.0  # logs, checkpoints' times and certificates go wrong beyond a few seconds
@@ -70,6 +71,19 @@ def check_job(args, env) -> list[str]:
     return problems
 
 
+def data_present(data_dir: str | None, archive: str | None) -> str | None:
+    """What of the data is here, in words; None where neither the folder nor an archive of it is."""
+    if archive:
+        path = Path(archive)
+        return f"the archive {path} ({path.stat().st_size / MiB:.1f} MiB)" if path.is_file() else None
+    folder = Path(data_dir)
+    if folder.is_dir() and any(folder.iterdir()):
+        return f"the folder {folder}"
+    # The project's sample: data/<SAMPLE>.zip beside its folder, extracted at the start.
+    beside = [folder.with_name(folder.name + suffix) for suffix in ARCHIVE_SUFFIXES]
+    return next((f"the archive {path}" for path in beside if path.is_file()), None)
+
+
 def say(line: str, stream=sys.stdout) -> None:
     stream.write(line + "\n")
     stream.flush()
@@ -77,7 +91,7 @@ def say(line: str, stream=sys.stdout) -> None:
 
 def write_token(output: Path) -> str | None:
     """A file only machine 0 writes in its output folder; the others look for it in theirs."""
-    if machine_checks.write_probe(output):
+    if hardware.write_probe(output):
         return None  # machine 0's own report says why
     token = TOKEN_PREFIX + secrets.token_hex(8)
     (output / token).write_text(socket.gethostname())
@@ -98,15 +112,15 @@ def machine_report(args, env, output: Path, token: str | None) -> dict:
     gpus = gpu_count() if env.on_gpu else 0
     build = framework_build()
     where = f"{gpus} GPU(s)" if env.on_gpu else "the CPU"
-    code, files = machine_checks.code_hash(PROJECT_ROOT, __package__)
-    data = "synthetic" if args.synthetic else machine_checks.data_present(args.data_dir, args.dataset_zip)
-    unwritable = machine_checks.write_probe(output)
-    free = machine_checks.free_bytes(output) if not unwritable else 0
-    need = machine_checks.checkpoint_bytes(output / "checkpoints")
+    code, files = hardware.code_hash(PROJECT_ROOT, __package__)
+    data = "synthetic" if args.synthetic else data_present(args.data_dir, args.dataset_zip)
+    unwritable = hardware.write_probe(output)
+    free = hardware.free_bytes(output) if not unwritable else 0
+    need = hardware.checkpoint_bytes(output / "checkpoints")
     workers = args.workers
     if workers is None:  # the loaders' own default
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
-    shm = machine_checks.shm_free()
+    shm = hardware.shm_free()
     room = f"{free / 2**30:.1f} GiB free" + (f", the last checkpoint {need / MiB:.0f} MiB" if need else "")
     # --tracking's value is its package's name; rank 0 alone tracks, on machine 0.
     tracker = None if args.tracking == "none" or not env.is_main else args.tracking

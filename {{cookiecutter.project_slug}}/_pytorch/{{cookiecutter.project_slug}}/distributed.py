@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import errors, framework_probe, fsdp
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
-from .machine_checks import wait_for_port
+from .hardware import wait_for_port
 from .roll_call import RollCall, die_with_parent
 from .settings import LAUNCHER
 
