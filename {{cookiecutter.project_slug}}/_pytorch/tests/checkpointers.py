@@ -1,5 +1,6 @@
 """A Checkpointer of a small model, a few training steps for it and a comparison of weights, for test_checkpoint.py
-and for test_checkpoint_resume.py, which asks the same of both frameworks' checkpoints."""
+and for test_checkpoint_resume.py, which asks the same of both frameworks' checkpoints (test_evaluate.py compares
+weights with it too)."""
 
 import torch
 import torch.nn.functional as F
