@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import arguments, bake, extract_sample, fmt, summary, tool_env
+from common import arguments, bake, epochs_in_turn, extract_sample, fmt, project_training, summary, tool_env
 
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = {"PyTorch (DDP)": "pytorch", "Paddle (DataParallel)": "paddle"}
@@ -85,38 +85,26 @@ def section(figures: dict) -> list[str]:
 def worker(project: str, epochs: int, seconds_file: str) -> None:
     """In each of the launcher's processes: the two loops in turn, then the update alone."""
     sys.path.insert(0, project)
-    from dist_train import cli, distributed, engine, loaders, seam
+    from dist_train import distributed, engine
     from dist_train.preemption import EpochProgress, StopRequest
 
-    args = cli.parse_args(["--device", "cpu", "--data-dir", f"{project}/data/digits"])
-    env = distributed.setup("cpu", 600)
-    task = seam.Task()
-    train_set, val_set, outputs = task.datasets(args)
-    train_loader, _ = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
-    model = distributed.wrap_model(task.network(seam.data_description(train_set, outputs)), env)
-    scaler = engine.grad_scaler(None)  # full precision, as on CPUs
-    model, optimizer, scaler = distributed.wrap_optimizer(model, task.optimizer(model, cli.DEFAULT_LR), scaler)
+    training = project_training(project)
+    model, optimizer, loader = training.model, training.optimizer, training.train_loader
     ema = engine.Ema(model, DECAY)
     ema.start()
 
     def epoch(number: int, averaged: bool) -> None:
-        engine.train_one_epoch(model, train_loader, optimizer, scaler, env, number, EpochProgress(), StopRequest(),
-                               task, ema=ema if averaged else None)  # fmt: skip
+        engine.train_one_epoch(model, loader, optimizer, training.scaler, training.env, number, EpochProgress(),
+                               StopRequest(), training.task, ema=ema if averaged else None)  # fmt: skip
 
-    seconds = {"ema": [], "plain": [], "update_s": [], "steps": len(train_loader)}
-    for number in range(1, epochs + 1):
-        order = [("ema", True), ("plain", False)]
-        for name, averaged in order if number % 2 else reversed(order):
-            distributed.barrier()
-            started = time.perf_counter()
-            epoch(number, averaged)
-            seconds[name].append(time.perf_counter() - started)
+    loops = {"ema": lambda number: epoch(number, True), "plain": lambda number: epoch(number, False)}
+    seconds = {**epochs_in_turn(epochs, loops, distributed.barrier), "update_s": [], "steps": len(loader)}
     for _ in range(UPDATES):
         started = time.perf_counter()
         ema.update()
         seconds["update_s"].append(time.perf_counter() - started)
     seconds["parameters"] = engine.training_memory(model, optimizer)[0]
-    if env.is_main:
+    if training.env.is_main:
         Path(seconds_file).write_text(json.dumps(seconds))
     distributed.cleanup()
 

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 TEMPLATE = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -69,6 +70,40 @@ def reference_epochs(args: argparse.Namespace, rank: int, epoch_totals, schedule
         if rank == 0:
             record = {"epoch": epoch, "train_loss": totals[0] / totals[1], "val_acc": totals[2] / totals[3]}
             print(json.dumps(record | {"epoch_time_s": time.perf_counter() - started}), flush=True)
+
+
+def project_training(project: str) -> SimpleNamespace:
+    """In one of a launcher's processes (the project's folder on sys.path): the project's training on its extracted
+    sample as run.py sets it up on CPUs, in full precision. Its args, env (the process group joined), task, data
+    (train_set, val_set), train_loader, val_loader, model (wrapped), optimizer and scaler."""
+    from dist_train import cli, distributed, engine, loaders, seam
+
+    args = cli.parse_args(["--device", "cpu", "--data-dir", f"{project}/data/digits"])
+    env = distributed.setup("cpu", 600)
+    task = seam.Task()
+    train_set, val_set, outputs = task.datasets(args)
+    train_loader, val_loader = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
+    model = distributed.wrap_model(task.network(seam.data_description(train_set, outputs)), env)
+    scaler = engine.grad_scaler(None)  # full precision, as on CPUs
+    model, optimizer, scaler = distributed.wrap_optimizer(model, task.optimizer(model, cli.DEFAULT_LR), scaler)
+    return SimpleNamespace(
+        args=args, env=env, task=task, train_set=train_set, val_set=val_set, train_loader=train_loader,
+        val_loader=val_loader, model=model, optimizer=optimizer, scaler=scaler,
+    )  # fmt: skip
+
+
+def epochs_in_turn(epochs: int, loops: dict, barrier) -> dict[str, list[float]]:
+    """Each of `loops`' seconds per epoch: loops[name](epoch) runs one epoch, the loops taking turns epoch by epoch
+    (A B, then B A) so that a noisy machine's drifts hit them alike; barrier() lines the ranks up before each."""
+    seconds = {name: [] for name in loops}
+    order = list(loops.items())
+    for epoch in range(1, epochs + 1):
+        for name, run_epoch in order if epoch % 2 else reversed(order):
+            barrier()
+            started = time.perf_counter()
+            run_epoch(epoch)
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
 
 
 def summary(values: list[float]) -> dict:

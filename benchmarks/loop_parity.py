@@ -11,48 +11,38 @@ per-epoch seconds.
 import importlib
 import json
 import sys
-import time
+
+from common import epochs_in_turn, project_training
 
 project, EPOCHS, seconds_file, framework = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sys.path.insert(0, project)
-from dist_train import cli, distributed, engine, loaders, seam  # noqa: E402
+from dist_train import distributed, engine  # noqa: E402
 from dist_train.logs import LoaderWatch  # noqa: E402
 from dist_train.preemption import EpochProgress, StopRequest  # noqa: E402
 
 reference = importlib.import_module(f"reference_{framework}")
 
-args = cli.parse_args(["--device", "cpu", "--data-dir", f"{project}/data/digits"])
-env = distributed.setup("cpu", 600)
-task = seam.Task()
-train_set, val_set, outputs = task.datasets(args)
-train_loader, val_loader = loaders.build_loaders(train_set, val_set, args.batch_size, 0, args.seed, env)
-model = distributed.wrap_model(task.network(seam.data_description(train_set, outputs)), env)
-scaler = engine.grad_scaler(None)  # full precision, as on CPUs
-model, optimizer, scaler = distributed.wrap_optimizer(model, task.optimizer(model, cli.DEFAULT_LR), scaler)
-watch = LoaderWatch.of(train_loader, env)  # as training.py times every batch
-plain_train, plain_val = reference.plain_loaders(train_set, val_set, args.batch_size, args.seed)
+training = project_training(project)
+model, optimizer, env = training.model, training.optimizer, training.env
+watch = LoaderWatch.of(training.train_loader, env)  # as training.py times every batch
+args = training.args
+plain_train, plain_val = reference.plain_loaders(training.train_set, training.val_set, args.batch_size, args.seed)
 
 
 def baked_epoch(epoch: int) -> None:
     # A fresh stop request: its votes would otherwise count the plain loop's epochs as its own steps.
     engine.train_one_epoch(
-        model, train_loader, optimizer, scaler, env, epoch, EpochProgress(), StopRequest(), task, watch=watch
-    )
-    engine.evaluate(model, val_loader, env, task)
+        model, training.train_loader, optimizer, training.scaler, env, epoch, EpochProgress(), StopRequest(),
+        training.task, watch=watch,
+    )  # fmt: skip
+    engine.evaluate(model, training.val_loader, env, training.task)
 
 
 def plain_epoch(epoch: int) -> None:
     reference.plain_epoch(model, optimizer, plain_train, plain_val, epoch)
 
 
-seconds = {"baked": [], "plain": []}
-for epoch in range(1, EPOCHS + 1):
-    order = [("baked", baked_epoch), ("plain", plain_epoch)]
-    for name, run_epoch in order if epoch % 2 else reversed(order):
-        distributed.barrier()
-        started = time.perf_counter()
-        run_epoch(epoch)
-        seconds[name].append(time.perf_counter() - started)
+seconds = epochs_in_turn(EPOCHS, {"baked": baked_epoch, "plain": plain_epoch}, distributed.barrier)
 if env.is_main:
     with open(seconds_file, "w") as output:
         output.write(json.dumps(seconds))

@@ -73,10 +73,11 @@ SHARED_TESTS = {
     "test_stalled_ranks.py",
     "test_config.py",
     "test_checkpoint_resume.py",
+    "test_evaluate.py",
 }
 FRAMEWORK_TESTS = {
     "pytorch": {
-        "test_evaluate.py",
+        "validating.py",
         "test_checkpoint.py",
         "checkpointers.py",
         "test_parity.py",
@@ -88,7 +89,7 @@ FRAMEWORK_TESTS = {
     "paddle": {
         "test_clipping.py",
         "test_memory.py",
-        "test_evaluate.py",
+        "validating.py",
         "test_checkpoint.py",
         "checkpointers.py",
         "test_parity.py",

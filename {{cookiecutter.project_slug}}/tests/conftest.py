@@ -198,6 +198,27 @@ def rank_results(folder: Path, world_size: int) -> list[dict]:
     return results
 
 
+def assert_trained_alike(result: dict, reference: dict, epoch_samples: list[int], rtol: float, atol: float) -> None:
+    """Two trainings' results (save_rank_result()'s parameters and per-epoch losses and samples) alike: the same
+    parameters and losses to rtol and atol, and `result`'s epochs over `epoch_samples` samples, one number an epoch."""
+    import numpy as np
+
+    for got, expected in zip(result["parameters"], reference["parameters"], strict=True):
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(result["losses"], reference["losses"], rtol=rtol, atol=atol)
+    assert list(result["samples"]) == epoch_samples
+
+
+def assert_really_trained(result: dict, initial: list) -> None:
+    """A training's result moved every parameter away from `initial` (numpy arrays) and lowered the loss from its
+    first epoch to its second."""
+    import numpy as np
+
+    for trained, start in zip(result["parameters"], initial, strict=True):
+        assert not np.allclose(trained, start, atol=1e-3)
+    assert result["losses"][1] < result["losses"][0]
+
+
 def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
     """path: a CSV table of `header` and `rows`, as a task's data folder holds one."""
     import csv

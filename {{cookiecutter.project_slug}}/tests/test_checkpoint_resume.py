@@ -1,24 +1,51 @@
-"""What a checkpoint resumes, asked alike of both frameworks' Checkpointer (checkpointers.py builds the framework's);
-test_checkpoint.py holds what only one framework's files, tensors and devices show."""
+"""What a checkpoint resumes, and the averaged weights (--ema) beside its model, asked alike of both frameworks'
+Checkpointer (checkpointers.py builds the framework's); test_checkpoint.py holds what only one framework's files,
+tensors and devices show."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from checkpointers import (
     CPU,
     LAST_FILES,
     RANKS_DISAGREE,
+    assert_same_optimizer,
     assert_same_weights,
+    averages_of,
     build_checkpointer,
+    draw_random_numbers,
     learning_rates,
+    take_averaged_steps,
+    take_steps,
     weights_of,
 )
-from conftest import acc_state, save_epoch
+from conftest import acc_state, averaging, save_epoch
 
 from {{ cookiecutter.project_slug }} import checkpoint
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
+from {{ cookiecutter.project_slug }}.engine import seed_everything
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.preemption import EpochProgress, Stopped
+
+
+def test_resume_restores_epoch_best_accuracy_optimizer_schedule_and_random_streams(tmp_path):
+    seed_everything(1)
+    saver = build_checkpointer(tmp_path)
+    take_steps(saver)
+    save_epoch(saver, 2, 0.75, True)
+    numbers_after_save = draw_random_numbers()
+
+    seed_everything(2)  # a new process: other weights, other random streams
+    resumer = build_checkpointer(tmp_path)
+    assert not np.array_equal(weights_of(resumer.model)["weight"], weights_of(saver.model)["weight"])
+
+    assert resumer.resume("auto") == acc_state(2, 0.75, EpochProgress())
+
+    assert draw_random_numbers() == numbers_after_save
+    assert_same_weights(weights_of(resumer.model), weights_of(saver.model))
+    assert resumer.schedule.position == saver.schedule.position == pytest.approx(0.3)  # take_steps()'s 3 tenths
+    assert_same_optimizer(resumer, saver)
 
 
 def test_a_stop_checkpoint_resumes_part_way_into_the_next_epoch(tmp_path):
@@ -139,3 +166,23 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
     assert first_two == pytest.approx([0.1, 0.05])  # the 2-epoch schedule it was started with
     assert last_two == pytest.approx(fresh[2:])
     assert min(last_two) > 0
+
+
+def test_ema_0_averages_to_exactly_the_weights(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path), 0.0)
+    saver.resume("none")
+    take_averaged_steps(saver)
+    assert_same_weights(averages_of(saver), weights_of(saver.model))
+
+
+def test_validation_sees_the_averages_in_the_models_own_tensors_and_training_goes_on_with_its_weights(tmp_path):
+    saver = averaging(build_checkpointer(tmp_path))
+    saver.resume("none")
+    take_averaged_steps(saver)
+    weight, trained = saver.model.weight, weights_of(saver.model)
+
+    with saver.ema.swapped():
+        assert saver.model.weight is weight  # in place: no second model
+        assert_same_weights(weights_of(saver.model), averages_of(saver))
+    assert_same_weights(weights_of(saver.model), trained)
+    assert not np.array_equal(trained["weight"], averages_of(saver)["weight"])

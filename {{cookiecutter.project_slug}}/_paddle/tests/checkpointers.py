@@ -1,5 +1,8 @@
-"""A Checkpointer of a small model, a few training steps for it and a comparison of weights, for test_checkpoint.py
-and for test_checkpoint_resume.py, which asks the same of both frameworks' checkpoints."""
+"""A Checkpointer of a small model, a few training steps for it (averaged ones too), a draw from the random streams it
+saves and comparisons of weights and optimizers, for test_checkpoint.py and for test_checkpoint_resume.py, which asks
+the same of both frameworks' checkpoints (test_evaluate.py compares weights with it too)."""
+
+import random
 
 import numpy as np
 import paddle
@@ -39,6 +42,18 @@ def take_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> Non
         checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
 
 
+def take_averaged_steps(checkpointer: Checkpointer, steps: int = 3, seed: int = 0) -> None:
+    """Training steps, each followed by --ema's update of the averages, as engine.train_one_epoch() takes them."""
+    for step in range(steps):
+        take_steps(checkpointer, 1, seed=seed + step)
+        checkpointer.ema.update()
+
+
+def draw_random_numbers() -> tuple:
+    """A draw from each random stream a checkpoint keeps: Python's, numpy's and Paddle's."""
+    return random.random(), float(np.random.rand()), paddle.rand([3]).tolist()
+
+
 def weights_of(model) -> dict:
     return {key: value.numpy().copy() for key, value in model.state_dict().items()}
 
@@ -47,6 +62,20 @@ def assert_same_weights(left: dict, right: dict) -> None:
     assert left.keys() == right.keys()
     for key in left:
         np.testing.assert_array_equal(np.asarray(left[key]), np.asarray(right[key]))
+
+
+def averages_of(checkpointer: Checkpointer) -> dict:
+    """A copy of the averaged weights (--ema's), which later steps leave as it is."""
+    return {name: average.numpy().copy() for name, average in checkpointer.ema.averages.items()}
+
+
+def assert_same_optimizer(resumed: Checkpointer, saved: Checkpointer) -> None:
+    """The resumed optimizer's rate is the saved one's, and its momentum and schedule came back: the next steps
+    (which both take) match the uninterrupted run's exactly."""
+    assert resumed.optimizer.get_lr() == saved.optimizer.get_lr()
+    take_steps(saved, seed=9)
+    take_steps(resumed, seed=9)
+    assert_same_weights(weights_of(resumed.model), weights_of(saved.model))
 
 
 def learning_rates(directory, total_epochs: int, run_epochs: range, resume: str) -> list[float]:

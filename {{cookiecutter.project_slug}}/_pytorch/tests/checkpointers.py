@@ -1,6 +1,10 @@
-"""A Checkpointer of a small model, a few training steps for it and a comparison of weights, for test_checkpoint.py
-and for test_checkpoint_resume.py, which asks the same of both frameworks' checkpoints."""
+"""A Checkpointer of a small model, a few training steps for it (averaged ones too), a draw from the random streams it
+saves and comparisons of weights and optimizers, for test_checkpoint.py and for test_checkpoint_resume.py, which asks
+the same of both frameworks' checkpoints (test_evaluate.py compares weights with it too)."""
 
+import random
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from conftest import ACC, save_epoch
@@ -36,6 +40,18 @@ def take_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
         checkpointer.schedule.advance(checkpointer.schedule.position + 0.1)  # a tenth of an epoch a step
 
 
+def take_averaged_steps(checkpointer: Checkpointer, steps: int = 3) -> None:
+    """Training steps, each followed by --ema's update of the averages, as engine.train_one_epoch() takes them."""
+    for _ in range(steps):
+        take_steps(checkpointer, 1)
+        checkpointer.ema.update()
+
+
+def draw_random_numbers() -> tuple:
+    """A draw from each random stream a checkpoint keeps: Python's, numpy's and PyTorch's."""
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
 def weights_of(model: nn.Module) -> dict:
     """A copy of the model's state dict, which later steps leave as it is."""
     return {key: value.detach().clone() for key, value in model.state_dict().items()}
@@ -46,6 +62,20 @@ def assert_same_weights(left: dict, right: dict) -> None:
     assert left.keys() == right.keys()
     for key in left:
         torch.testing.assert_close(left[key], right[key], rtol=0, atol=0)
+
+
+def averages_of(checkpointer: Checkpointer) -> dict:
+    """A copy of the averaged weights (--ema's), which later steps leave as it is."""
+    return {name: average.detach().clone() for name, average in checkpointer.ema.averages.items()}
+
+
+def assert_same_optimizer(resumed: Checkpointer, saved: Checkpointer) -> None:
+    """The resumed optimizer's settings, momentum buffers and rate are the saved one's."""
+    restored, original = resumed.optimizer.state_dict(), saved.optimizer.state_dict()
+    assert restored["param_groups"] == original["param_groups"]
+    for index, buffers in original["state"].items():
+        assert_same_weights(restored["state"][index], buffers)
+    assert resumed.optimizer.param_groups[0]["lr"] == saved.optimizer.param_groups[0]["lr"]
 
 
 def learning_rates(directory, total_epochs: int, run_epochs: range, resume: str) -> list[float]:

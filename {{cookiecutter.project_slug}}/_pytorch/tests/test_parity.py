@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import rank_results, save_rank_result
+from conftest import assert_really_trained, assert_trained_alike, rank_results, save_rank_result
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import TensorDataset
@@ -147,16 +147,11 @@ def one_process_with_batch_2b() -> dict:
 
 
 def assert_same_training(result: dict, reference: dict) -> None:
-    for got, expected in zip(result["parameters"], reference["parameters"], strict=True):
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(result["losses"], reference["losses"], rtol=1e-4, atol=1e-5)
-    assert list(result["samples"]) == [SAMPLES] * EPOCHS
+    assert_trained_alike(result, reference, [SAMPLES] * EPOCHS, rtol=1e-4, atol=1e-5)
 
 
 def test_reference_run_really_trains(one_process_with_batch_2b):
-    for trained, start in zip(one_process_with_batch_2b["parameters"], small_mlp().parameters(), strict=True):
-        assert not np.allclose(trained, start.detach().numpy(), atol=1e-3)
-    assert one_process_with_batch_2b["losses"][1] < one_process_with_batch_2b["losses"][0]
+    assert_really_trained(one_process_with_batch_2b, [start.detach().numpy() for start in small_mlp().parameters()])
 
 
 def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, one_process_with_batch_2b):
