@@ -28,7 +28,7 @@ SHARED_PACKAGE = {
     "platforms",
     "notebook",
     "submission",
-    "hardware",  # what this machine has, and what run.sh --check asks of it (standard library only)
+    "hardware",  # what this machine has, its network included (standard library only)
     "training",
     "workspace",
     "modelarts",

@@ -4,7 +4,7 @@ in the template's tests)."""
 import socket
 
 from {{ cookiecutter.project_slug }} import hardware, preflight
-from {{ cookiecutter.project_slug }}.hardware import SHM_PER_WORKER, MiB
+from {{ cookiecutter.project_slug }}.preflight import SHM_PER_WORKER, MiB
 
 
 def report(**changes) -> dict:
@@ -98,13 +98,13 @@ def test_the_data_is_found_as_a_folder_or_as_the_archive_beside_it(tmp_path):
 
 
 def test_the_last_checkpoint_counts_every_file_of_it(tmp_path):
-    assert hardware.checkpoint_bytes(tmp_path / "checkpoints") == 0
+    assert preflight.checkpoint_bytes(tmp_path / "checkpoints") == 0
     (tmp_path / "checkpoints" / "last").mkdir(parents=True)
     (tmp_path / "checkpoints" / "last" / "rank0.distcp").write_bytes(b"x" * 100)
     (tmp_path / "checkpoints" / "last.pdopt").write_bytes(b"x" * 20)
     (tmp_path / "checkpoints" / "best.pt").write_bytes(b"x" * 1000)
 
-    assert hardware.checkpoint_bytes(tmp_path / "checkpoints") == 120
+    assert preflight.checkpoint_bytes(tmp_path / "checkpoints") == 120
 
 
 def test_a_port_that_nothing_listens_on_is_given_up_after_the_wait_and_one_that_listens_answers():

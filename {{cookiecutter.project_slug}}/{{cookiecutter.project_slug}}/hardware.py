@@ -1,14 +1,11 @@
 """What this machine has, asked without any framework (the standard library only): its cores, whether an NVIDIA
-driver shows GPUs, the loader workers and mixed precision that suit it; and what `bash run.sh --check` asks of it.
-
-platforms.py asks the network questions before the launcher starts (the master's name and port, the interface that
-reaches it); preflight.py asks the rest in every machine's first process and compares the answers. Each function
-answers for the paths and numbers it is given, so a test can hand it others.
+driver shows GPUs, the loader workers and mixed precision that suit it; and its network, which platforms.py asks
+about before the launcher starts (the master's name and port, the interface that reaches it; `bash run.sh --check`
+says what it found). Each function answers for the paths and numbers it is given, so a test can hand it others.
 """
 
 import contextlib
 import fcntl
-import hashlib
 import ipaddress
 import os
 import shutil
@@ -22,10 +19,6 @@ from .errors import PlatformError, UserError
 
 # Every wait of a check ends within this, so that each problem is one line within a minute of the last start.
 WAIT_S = 40.0
-MiB = 1 << 20
-# What each loader worker process may hold in /dev/shm at once: its prefetched batches (2 by default; an image
-# batch of 64 x 3 x 224 x 224 in float32 is 38 MiB). A container's default /dev/shm is 64 MiB.
-SHM_PER_WORKER = 128 * MiB
 
 
 def nvidia_driver_present() -> bool:
@@ -191,47 +184,6 @@ def interface_advice(master_ip: str, port: int, on_gpu: bool, env=os.environ) ->
     if not differs or master_ip.startswith("127."):  # a master on the loopback: every machine is this one
         return f"{line}; {variable} unset, the default is the same", None
     return f"{line}, but {variable} unset would take {default}", f"{variable}={interface}"
-
-
-def code_hash(root: Path, package: str) -> tuple[str, int]:
-    """A short hash of the project's code (run.sh, requirements.txt, the *.py files), and how many files it covers."""
-    files = [root / "run.sh", root / "requirements.txt", *root.glob("*.py"), *(root / package).rglob("*.py")]
-    digest = hashlib.sha256()
-    present = sorted(path for path in files if path.is_file())
-    for path in present:
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12], len(present)
-
-
-def write_probe(folder: Path) -> str | None:
-    """Why `folder` cannot be written (created where missing); None where a file can be written in it."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".check-{socket.gethostname()}-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-        return None
-    except OSError as error:
-        return error.strerror or str(error)
-
-
-def free_bytes(folder: Path) -> int:
-    return shutil.disk_usage(folder).free
-
-
-def checkpoint_bytes(checkpoints: Path) -> int:
-    """The size of the last save (last.pt, last.pdparams and last.pdopt, or a sharded save's folder); 0 before one."""
-    saved = list(checkpoints.glob("last*")) if checkpoints.is_dir() else []
-    files = [path for entry in saved for path in ([entry] if entry.is_file() else entry.rglob("*")) if path.is_file()]
-    return sum(path.stat().st_size for path in files)
-
-
-def shm_free(path: Path = Path("/dev/shm")) -> int | None:
-    """Free bytes of the shared memory that loader workers hand batches through; None where there is none."""
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
 
 
 def resolve(host: str, timeout_s: float, lookup=socket.gethostbyname, sleep=time.sleep) -> str:

@@ -6,11 +6,17 @@ interface that reaches it) and run.sh that the port is free on machine 0. Here e
 process group; each machine's first process says what it has (one `check` line each), all answers are
 gathered, and every machine prints the same verdict: `ready: ...`, or one `error:` line per problem and the
 exit status CHECK_FAILED_STATUS. Nothing is left in the output folder.
+
+A machine's questions (its code, its data, its output folder, /dev/shm) are the functions below, each answering
+for the paths it is given, so a test can hand it others.
 """
 
 import contextlib
+import hashlib
 import importlib.util
+import os
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -19,10 +25,14 @@ from pathlib import Path
 from . import distributed, hardware
 from .errors import CHECK_FAILED_STATUS, explain_user_errors
 from .framework_probe import framework_build, gpu_count, timed_all_reduce
-from .hardware import SHM_PER_WORKER, WAIT_S, MiB
+from .hardware import WAIT_S
 from .workspace import ARCHIVE_SUFFIXES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+# What each loader worker process may hold in /dev/shm at once: its prefetched batches (2 by default; an image
+# batch of 64 x 3 x 224 x 224 in float32 is 38 MiB). A container's default /dev/shm is 64 MiB.
+SHM_PER_WORKER = 128 * MiB
 CLOCK_LIMIT_S = 5.0  # logs, checkpoints' times and certificates go wrong beyond a few seconds
 ALL_REDUCE_MIB = 64
 TOKEN_PREFIX = ".check-token-"
@@ -84,6 +94,47 @@ def data_present(data_dir: str | None, archive: str | None) -> str | None:
     return next((f"the archive {path}" for path in beside if path.is_file()), None)
 
 
+def code_hash(root: Path, package: str) -> tuple[str, int]:
+    """A short hash of the project's code (run.sh, requirements.txt, the *.py files), and how many files it covers."""
+    files = [root / "run.sh", root / "requirements.txt", *root.glob("*.py"), *(root / package).rglob("*.py")]
+    digest = hashlib.sha256()
+    present = sorted(path for path in files if path.is_file())
+    for path in present:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12], len(present)
+
+
+def write_probe(folder: Path) -> str | None:
+    """Why `folder` cannot be written (created where missing); None where a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".check-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+        return None
+    except OSError as error:
+        return error.strerror or str(error)
+
+
+def free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def checkpoint_bytes(checkpoints: Path) -> int:
+    """The size of the last save (last.pt, last.pdparams and last.pdopt, or a sharded save's folder); 0 before one."""
+    saved = list(checkpoints.glob("last*")) if checkpoints.is_dir() else []
+    files = [path for entry in saved for path in ([entry] if entry.is_file() else entry.rglob("*")) if path.is_file()]
+    return sum(path.stat().st_size for path in files)
+
+
+def shm_free(path: Path = Path("/dev/shm")) -> int | None:
+    """Free bytes of the shared memory that loader workers hand batches through; None where there is none."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 def say(line: str, stream=sys.stdout) -> None:
     stream.write(line + "\n")
     stream.flush()
@@ -91,7 +142,7 @@ def say(line: str, stream=sys.stdout) -> None:
 
 def write_token(output: Path) -> str | None:
     """A file only machine 0 writes in its output folder; the others look for it in theirs."""
-    if hardware.write_probe(output):
+    if write_probe(output):
         return None  # machine 0's own report says why
     token = TOKEN_PREFIX + secrets.token_hex(8)
     (output / token).write_text(socket.gethostname())
@@ -112,15 +163,15 @@ def machine_report(args, env, output: Path, token: str | None) -> dict:
     gpus = gpu_count() if env.on_gpu else 0
     build = framework_build()
     where = f"{gpus} GPU(s)" if env.on_gpu else "the CPU"
-    code, files = hardware.code_hash(PROJECT_ROOT, __package__)
+    code, files = code_hash(PROJECT_ROOT, __package__)
     data = "synthetic" if args.synthetic else data_present(args.data_dir, args.dataset_zip)
-    unwritable = hardware.write_probe(output)
-    free = hardware.free_bytes(output) if not unwritable else 0
-    need = hardware.checkpoint_bytes(output / "checkpoints")
+    unwritable = write_probe(output)
+    free = free_bytes(output) if not unwritable else 0
+    need = checkpoint_bytes(output / "checkpoints")
     workers = args.workers
     if workers is None:  # the loaders' own default
         workers = hardware.loader_workers(env.on_gpu, env.local_world_size, hardware.usable_cores())
-    shm = hardware.shm_free()
+    shm = shm_free()
     room = f"{free / 2**30:.1f} GiB free" + (f", the last checkpoint {need / MiB:.0f} MiB" if need else "")
     # --tracking's value is its package's name; rank 0 alone tracks, on machine 0.
     tracker = None if args.tracking == "none" or not env.is_main else args.tracking
