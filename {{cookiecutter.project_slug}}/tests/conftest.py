@@ -159,7 +159,8 @@ def acc_state(*args, **kwargs):
     """TrainingState(*args, **kwargs) of a run that picks best.* by the highest accuracy."""
     from {{ cookiecutter.project_slug }}.state import TrainingState
 
-    return TrainingState(*args, best_metric="acc", best_mode="max", **kwargs)
+    best_metric, best_mode = ACC
+    return TrainingState(*args, best_metric=best_metric, best_mode=best_mode, **kwargs)
 
 
 def save_epoch(saver, epoch: int, best_acc: float, is_best: bool) -> None:
