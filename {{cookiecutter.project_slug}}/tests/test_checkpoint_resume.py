@@ -147,6 +147,22 @@ def test_corrupt_checkpoint_is_a_user_error_not_a_traceback(tmp_path, damage, na
     assert str(tmp_path / checkpoint.BEST) in str(error.value) and "--resume none" not in str(error.value)
 
 
+@pytest.mark.parametrize("folder", ["checkpoints", "empty"])
+def test_a_folder_that_is_not_a_save_is_one_line_naming_the_files_to_pass(tmp_path, folder):
+    """export.py or predict.py given a run's checkpoints/ (or any folder) instead of one of its saves."""
+    given = tmp_path / folder
+    if folder == "checkpoints":
+        save_epoch(build_checkpointer(given), 1, 0.1, True)
+    given.mkdir(exist_ok=True)
+
+    with pytest.raises(UserError, match="is a folder but not a save run.py wrote") as error:
+        checkpoint.export_weights(given, tmp_path / f"model{Path(checkpoint.LAST).suffix}")
+    message = str(error.value)
+    assert str(given) in message and Path(checkpoint.BEST).name in message and "\n" not in message
+    assert "corrupt" not in message and "--resume" not in message
+    assert not list(tmp_path.glob("model*"))  # nothing written
+
+
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):
     save_epoch(build_checkpointer(tmp_path), 2, 0.5, False)
     # What rank 0 sees beside a machine whose --output-dir holds no checkpoint.

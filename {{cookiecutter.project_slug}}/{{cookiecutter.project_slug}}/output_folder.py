@@ -164,6 +164,16 @@ def newest(file: Path, link: Path, last_written: str) -> Path | None:
     return link if path.parent == link else path
 
 
+def check_is_a_save(folder: Path, last_written: str, files: str) -> None:
+    """A folder given as a checkpoint must be a sharded save (its `last_written` file there): a run's folder or its
+    checkpoints/ is one line naming the `files` to pass, not a missing file's error."""
+    if not (folder / last_written).is_file():
+        raise UserError(
+            f"{folder} is a folder but not a save run.py wrote (no {last_written} in it): pass a {files} from "
+            "OUTPUT_DIR/checkpoints/, or a sharded save's folder (OUTPUT_DIR/checkpoints/best)"
+        )
+
+
 def top(directory: Path) -> list[dict]:
     """top.json's entries, best first: {"epoch": E, "value": V, "path": P}, P relative to `directory`."""
     path = directory / TOP

@@ -250,6 +250,7 @@ def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
     beside it, if there is one; or both of a sharded save's folder. The weights are the averaged ones of --ema
     where the checkpoint holds them, unless not `averaged` (--weights raw)."""
     if checkpoint.is_dir():
+        output_folder.check_is_a_save(checkpoint, _TRAINING, "last.pdparams or best.pdparams")
         weights = _chosen(_load_file(checkpoint / _WEIGHTS), _averages_of(checkpoint) if averaged else {})
         return weights, _load_file(checkpoint / _TRAINING)["data"]
     if not checkpoint.is_file():

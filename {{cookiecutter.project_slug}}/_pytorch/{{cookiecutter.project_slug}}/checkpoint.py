@@ -324,6 +324,7 @@ def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
     save's folder, read whole), or of a bare state dict. The weights are the averaged ones of --ema where the
     checkpoint holds them, unless not `averaged` (--weights raw)."""
     if checkpoint.is_dir():
+        output_folder.check_is_a_save(checkpoint, _TRAINING, "last.pt or best.pt")
         data = _load_checkpoint(checkpoint / _TRAINING, keys=_TRAINING_KEYS)["data"]
         return _chosen(*_sharded_weights(checkpoint, averaged), averaged), data
     if not checkpoint.is_file():
