@@ -297,6 +297,8 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
     args = parser.parse_args(options.with_config(parser, sys.argv[1:] if argv is None else argv))
     args.output_dir = workspace.output_dir(args.output_dir, args.train_url)  # the one place that decides it
     args.as_given = options.as_given(parser, args)  # for config.yaml: before anything is derived from them
+    if args.config:  # the checks of several options below may be about a value the file gave
+        parser.source = f"(with --config {args.config})"
     if getattr(args, "sharding_stage", 1) > 1 and args.strategy != "sharding":
         parser.error(f"--sharding-stage {args.sharding_stage} needs --strategy sharding")
     if args.strategy == "sharding":  # the loop's name for it, and the log's
@@ -305,7 +307,7 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
         workspace.place_fold(args)  # --folds: the fold's own folder
         workspace.resolve_data_paths(args, quiet)
     except PlatformError as error:
-        parser.exit(2, f"error: {error}\n")
+        parser.exit(2, f"error: {error}{f' {parser.source}' if parser.source else ''}\n")
     if args.local_rank is not None:  # only old torch.distributed.launch versions pass the flag without LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args
