@@ -22,7 +22,7 @@ from checkpointers import (
 )
 from conftest import acc_state, averaging, save_epoch
 
-from {{ cookiecutter.project_slug }} import checkpoint
+from {{ cookiecutter.project_slug }} import checkpoint, output_folder
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.engine import seed_everything
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -161,6 +161,18 @@ def test_a_folder_that_is_not_a_save_is_one_line_naming_the_files_to_pass(tmp_pa
     assert str(given) in message and Path(checkpoint.BEST).name in message and "\n" not in message
     assert "corrupt" not in message and "--resume" not in message
     assert not list(tmp_path.glob("model*"))  # nothing written
+
+
+@pytest.mark.parametrize("given", ["theirs", "ours, missing beside theirs"])
+def test_the_other_frameworks_checkpoint_is_one_line_saying_whose_it_is(tmp_path, given):
+    ours = Path(checkpoint.BEST).suffix
+    theirs = next(suffix for suffix in output_folder.SUFFIXES if suffix != ours)
+    (tmp_path / f"best{theirs}").write_bytes(b"\x80\x04 the other framework's pickle")
+
+    path = tmp_path / (f"best{theirs}" if given == "theirs" else f"best{ours}")
+    with pytest.raises(UserError, match=f"is a {output_folder.SUFFIXES[theirs]} checkpoint") as error:
+        checkpoint.read_weights(path)
+    assert str(tmp_path / f"best{theirs}") in str(error.value) and "corrupt" not in str(error.value)
 
 
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):

@@ -164,14 +164,28 @@ def newest(file: Path, link: Path, last_written: str) -> Path | None:
     return link if path.parent == link else path
 
 
-def check_is_a_save(folder: Path, last_written: str, files: str) -> None:
-    """A folder given as a checkpoint must be a sharded save (its `last_written` file there): a run's folder or its
-    checkpoints/ is one line naming the `files` to pass, not a missing file's error."""
-    if not (folder / last_written).is_file():
+SUFFIXES = {".pt": "PyTorch", ".pdparams": "PaddlePaddle"}  # the file each framework's run.py saves
+
+
+def check_checkpoint(checkpoint: Path, last_written: str, ours: str) -> None:
+    """What predict.py, export.py and load_for_inference() take, each other thing one line naming what to pass: a
+    sharded save's folder (complete once its `last_written` file is there), or a file, not the other framework's
+    (`ours`: this one's suffix)."""
+    files = f"last{ours} or best{ours} from OUTPUT_DIR/checkpoints/"
+    if checkpoint.is_dir() and not (checkpoint / last_written).is_file():
         raise UserError(
-            f"{folder} is a folder but not a save run.py wrote (no {last_written} in it): pass a {files} from "
-            "OUTPUT_DIR/checkpoints/, or a sharded save's folder (OUTPUT_DIR/checkpoints/best)"
+            f"{checkpoint} is a folder but not a save run.py wrote (no {last_written} in it): pass a {files}, or a "
+            "sharded save's folder (OUTPUT_DIR/checkpoints/best)"
         )
+    for suffix, framework in SUFFIXES.items():
+        theirs = checkpoint.with_suffix(suffix)
+        if suffix != ours and (checkpoint.suffix == suffix or not checkpoint.exists() and theirs.is_file()):
+            raise UserError(
+                f"{theirs} is a {framework} checkpoint and this project trains with {SUFFIXES[ours]}: use it in the "
+                f"project that wrote it, or pass a {files}"
+            )
+    if not checkpoint.exists():
+        raise UserError(f"checkpoint {checkpoint} not found: pass a {files}")
 
 
 def top(directory: Path) -> list[dict]:

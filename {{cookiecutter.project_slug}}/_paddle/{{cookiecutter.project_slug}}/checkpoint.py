@@ -249,14 +249,10 @@ def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
     """The model weights of a .pdparams file, and the data description (seam.data_description()) in the .json
     beside it, if there is one; or both of a sharded save's folder. The weights are the averaged ones of --ema
     where the checkpoint holds them, unless not `averaged` (--weights raw)."""
+    output_folder.check_checkpoint(checkpoint, _TRAINING, Path(LAST).suffix)
     if checkpoint.is_dir():
-        output_folder.check_is_a_save(checkpoint, _TRAINING, "last.pdparams or best.pdparams")
         weights = _chosen(_load_file(checkpoint / _WEIGHTS), _averages_of(checkpoint) if averaged else {})
         return weights, _load_file(checkpoint / _TRAINING)["data"]
-    if not checkpoint.is_file():
-        raise UserError(
-            f"checkpoint {checkpoint} not found: pass a last.pdparams or best.pdparams from OUTPUT_DIR/checkpoints/"
-        )
     description = checkpoint.with_suffix(_DATA)
     try:
         weights = paddle.load(str(checkpoint))

@@ -323,12 +323,10 @@ def read_weights(checkpoint: Path, averaged: bool = True) -> tuple[dict, dict]:
     """The model weights and the data description (seam.data_description()) of a checkpoint (a file, or a sharded
     save's folder, read whole), or of a bare state dict. The weights are the averaged ones of --ema where the
     checkpoint holds them, unless not `averaged` (--weights raw)."""
+    output_folder.check_checkpoint(checkpoint, _TRAINING, Path(LAST).suffix)
     if checkpoint.is_dir():
-        output_folder.check_is_a_save(checkpoint, _TRAINING, "last.pt or best.pt")
         data = _load_checkpoint(checkpoint / _TRAINING, keys=_TRAINING_KEYS)["data"]
         return _chosen(*_sharded_weights(checkpoint, averaged), averaged), data
-    if not checkpoint.is_file():
-        raise UserError(f"checkpoint {checkpoint} not found: pass a last.pt or best.pt from OUTPUT_DIR/checkpoints/")
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)  # the caller moves what it keeps
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
