@@ -292,15 +292,17 @@ class ImageFiles:
         return self.read(self.paths[index])
 
 
-def predict_images(source: Path) -> list[str]:
-    """predict.py's images: every image under the folder `source` (an archive is extracted by predict.py), as
-    paths relative to it, sorted as strings."""
+def predict_images(source: Path) -> tuple[Path, list[str]]:
+    """predict.py's images: every image under the folder `source` (an archive is extracted by predict.py), or the
+    one image `source`; the folder and the images' paths relative to it, sorted as strings."""
+    if source.is_file() and source.suffix.lower() in IMAGE_EXTENSIONS:
+        return source.parent, [source.name]
     if not source.is_dir():
-        raise UserError(f"--input {source} is not a folder or an archive: pass a folder of images, or an archive")
+        raise UserError(f"--input {source} is not an image, a folder of images or an archive: pass one of those")
     names = sorted(path.relative_to(source).as_posix() for path in find_images(source))
     if not names:
         raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
-    return names
+    return source, names
 
 
 def reader(description: dict, image_size: int, channels: int):

@@ -134,8 +134,8 @@ def build_labeled_set(args) -> Labeled:
 
 
 def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list[str]]:
-    """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), read
-    as training read its images (the checkpoint's `description`), and their names: paths relative to `source`,
-    sorted as strings (the CSV's order)."""
-    names = predict_images(source)
-    return ImageFiles([source / name for name in names], reader(description, IMAGE_SIZE, CHANNELS)), names
+    """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), or the
+    image `source`, read as training read its images (the checkpoint's `description`), and their names: paths
+    relative to the folder, sorted as strings (the CSV's order)."""
+    folder, names = predict_images(source)
+    return ImageFiles([folder / name for name in names], reader(description, IMAGE_SIZE, CHANNELS)), names

@@ -267,13 +267,14 @@ def synthetic_masks(count: int, size: int, seed: int, channels: int) -> tuple[np
 
 
 def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list[tuple[str, tuple[int, int]]]]:
-    """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), read
-    as training read its images (the checkpoint's `description`), and their keys: (path relative to `source`,
-    (width, height) of the image as it is), sorted by path: each predicted mask goes back to that size."""
-    names = predict_images(source)
-    by_stem([source / name for name in names], source, "both would be predicted into the same mask file")
-    images = ImageFiles([source / name for name in names], reader(description, IMAGE_SIZE, CHANNELS))
-    return images, [(name, image_size(source / name)) for name in names]
+    """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), or the
+    image `source`, read as training read its images (the checkpoint's `description`), and their keys: (path
+    relative to the folder, (width, height) of the image as it is), sorted by path: each predicted mask goes back
+    to that size."""
+    folder, names = predict_images(source)
+    by_stem([folder / name for name in names], folder, "both would be predicted into the same mask file")
+    images = ImageFiles([folder / name for name in names], reader(description, IMAGE_SIZE, CHANNELS))
+    return images, [(name, image_size(folder / name)) for name in names]
 
 
 def image_size(path: Path) -> tuple[int, int]:

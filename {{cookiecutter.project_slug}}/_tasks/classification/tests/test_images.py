@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from {{ cookiecutter.project_slug }} import cli, images, seam, settings, task
+from {{ cookiecutter.project_slug }} import cli, data, images, seam, settings, task
 from {{ cookiecutter.project_slug }}.errors import UserError
 
 if settings.FRAMEWORK == "pytorch":
@@ -57,6 +57,20 @@ def test_junk_and_hidden_files_are_never_read_as_images(tmp_path):
 
     assert classes == ["cat", "dog"]
     assert relative(samples, tmp_path) == [("cat/0.png", 0), ("dog/1.png", 1)]
+
+
+def test_predict_reads_one_image_file_as_a_set_of_one_named_by_its_file_and_read_as_in_its_folder(tmp_path):
+    for value, name in enumerate(["a.png", "b.png"]):
+        write_png(tmp_path / "test" / name, value=60 * value)
+    (tmp_path / "notes.txt").write_text("not an image\n", encoding="utf-8")
+
+    in_folder, names = data.build_predict_set(tmp_path / "test", {})
+    alone, [name] = data.build_predict_set(tmp_path / "test" / "b.png", {})
+
+    assert names == ["a.png", "b.png"] and name == "b.png" and len(alone) == 1
+    assert np.array_equal(np.asarray(alone[0]), np.asarray(in_folder[1]))
+    with pytest.raises(UserError, match="is not an image, a folder of images or an archive"):
+        data.build_predict_set(tmp_path / "notes.txt", {})
 
 
 def test_class_folders_inside_one_top_folder_are_found(tmp_path):

@@ -176,6 +176,16 @@ def test_a_checkpoints_description_reads_new_images_as_training_read_them(tmp_pa
     assert tuple(network(tensor(np.asarray(inputs[0])[None])).shape) == (1, 3, 12, 12)
 
 
+def test_one_image_file_is_predicted_as_a_set_of_one_keyed_by_its_file_and_read_as_in_its_folder(tmp_path):
+    root = write_dataset(tmp_path)
+    in_folder, keys = data.build_predict_set(root / "images", {})
+
+    alone, [key] = data.build_predict_set(root / "images" / keys[1][0], {})
+
+    assert key == keys[1] and len(alone) == 1
+    assert np.array_equal(np.asarray(alone[0]), np.asarray(in_folder[1]))
+
+
 def test_the_network_scores_every_pixel_of_images_of_any_side():
     network = build_model(4, channels=3)
     network.eval()
