@@ -292,17 +292,23 @@ class ImageFiles:
         return self.read(self.paths[index])
 
 
-def predict_images(source: Path) -> tuple[Path, list[str]]:
-    """predict.py's images: every image under the folder `source` (an archive is extracted by predict.py), or the
-    one image `source`; the folder and the images' paths relative to it, sorted as strings."""
+def images_to_predict(source: Path) -> tuple[Path, list[str]]:
+    """predict.py's images: the one image `source`, or every image under the folder `source` (an archive is
+    extracted by predict.py); their folder, and their paths relative to it, sorted as strings."""
     if source.is_file() and source.suffix.lower() in IMAGE_EXTENSIONS:
         return source.parent, [source.name]
+    return source, predict_images(source)
+
+
+def predict_images(source: Path) -> list[str]:
+    """Every image under the folder `source`, as paths relative to it, sorted as strings (the data.py of versions
+    before 1.3.2 calls it for predict.py's images)."""
     if not source.is_dir():
         raise UserError(f"--input {source} is not an image, a folder of images or an archive: pass one of those")
     names = sorted(path.relative_to(source).as_posix() for path in find_images(source))
     if not names:
         raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
-    return source, names
+    return names
 
 
 def reader(description: dict, image_size: int, channels: int):

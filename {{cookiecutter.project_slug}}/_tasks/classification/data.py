@@ -25,10 +25,10 @@ from .images import (
     csv_column,
     describe,
     image_splits,
+    images_to_predict,
     labelled_images,
     load_image,
     option,
-    predict_images,
     reader,
     synthetic_images,
 )
@@ -137,5 +137,5 @@ def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list
     """predict.py's inputs: every image under the folder `source` (an archive is extracted by predict.py), or the
     image `source`, read as training read its images (the checkpoint's `description`), and their names: paths
     relative to the folder, sorted as strings (the CSV's order)."""
-    folder, names = predict_images(source)
+    folder, names = images_to_predict(source)
     return ImageFiles([folder / name for name in names], reader(description, IMAGE_SIZE, CHANNELS)), names

@@ -33,9 +33,9 @@ from .images import (
     ImageFiles,
     UnreadableImage,
     find_images,
+    images_to_predict,
     load_image,
     option,
-    predict_images,
     reader,
 )
 
@@ -271,7 +271,7 @@ def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list
     image `source`, read as training read its images (the checkpoint's `description`), and their keys: (path
     relative to the folder, (width, height) of the image as it is), sorted by path: each predicted mask goes back
     to that size."""
-    folder, names = predict_images(source)
+    folder, names = images_to_predict(source)
     by_stem([folder / name for name in names], folder, "both would be predicted into the same mask file")
     images = ImageFiles([folder / name for name in names], reader(description, IMAGE_SIZE, CHANNELS))
     return images, [(name, image_size(folder / name)) for name in names]
