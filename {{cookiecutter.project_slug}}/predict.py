@@ -20,7 +20,9 @@ from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 def predict(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     given = args.checkpoint or [inference.checkpoint_path(PROJECT_ROOT / "output", "best")]
+    extracted = None
     try:
+        submission.check_apart(args.input, args.output)  # before anything is read or written
         log = logs.setup_logging(None, env.rank)
         task = seam.Task()  # the three files a user owns, the one way to them
         checkpoints = folds.checkpoints_of(given, lambda run: inference.checkpoint_path(run, "best"))
@@ -68,9 +70,9 @@ def predict(args) -> None:
         problem = distributed.share_from_main(problem, "rank 0's predictions")  # every process is done with inputs
         if problem:
             raise UserError(problem, shown=env.local_rank == 0)
-        if extracted is not None and env.is_main:
-            shutil.rmtree(extracted, ignore_errors=True)
     finally:
+        if extracted is not None and env.local_rank == 0:  # (each machine extracted its own; on an error too)
+            shutil.rmtree(extracted, ignore_errors=True)
         distributed.cleanup()
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.submission import image_ids, rle_encode, write_csv
+from {{ cookiecutter.project_slug }}.submission import check_apart, image_ids, rle_encode, write_csv
 
 IMAGES = ["a/cat.png", "b/dog.jpg", "b/fox.png"]
 
@@ -69,6 +69,35 @@ def test_an_output_that_is_a_folder_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(UserError, match="--output .*p.csv is a folder"):
         write_csv(str(tmp_path / "p.csv"), ["id", "label"], ["1"], ["a"])
+
+
+@pytest.mark.parametrize(
+    "given, output, refused",
+    [
+        ("test", "test", True),  # masks over the images
+        ("test", "test/masks", True),
+        ("test", "test/predictions.csv", True),
+        ("test/x.png", "test", True),  # the mask of x.png would be test/x.png
+        ("test.csv", "test.csv", True),
+        ("test", "masks", False),
+        ("test/x.png", "test/masks", False),
+        ("test.csv", "predictions.csv", False),
+        ("test.zip", ".", False),  # an archive is read from its extraction
+    ],
+)
+def test_an_output_that_would_replace_the_inputs_is_refused_before_anything_is_written(
+    tmp_path, given, output, refused
+):
+    (tmp_path / "test").mkdir()
+    for name in ("test/x.png", "test.csv", "test.zip"):
+        (tmp_path / name).write_bytes(b"an input")
+
+    if not refused:
+        check_apart(str(tmp_path / given), str(tmp_path / output))
+        return
+    with pytest.raises(UserError, match="is where --input .* is read from") as error:
+        check_apart(str(tmp_path / given), str(tmp_path / output))
+    assert "\n" not in str(error.value)
 
 
 def test_run_length_pairs_number_pixels_from_1_down_each_column_unless_row_order_is_asked():

@@ -41,6 +41,23 @@ def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | 
     return archive.dataset_root(target), target
 
 
+def check_apart(input: str, output: str | None) -> None:
+    """predict.py's --output may not replace its inputs: neither the --input file, nor an --input folder or a folder
+    in it, nor the folder of an --input image (each mask is written under its image's own name)."""
+    if output is None:
+        return
+    source, target = Path(input).resolve(), Path(output).resolve()
+    if source.is_dir():
+        clash = target == source or source in target.parents
+    else:
+        clash = target == source or (target == source.parent and not source.name.lower().endswith(ARCHIVE_SUFFIXES))
+    if clash:
+        raise UserError(
+            f"--output {output} is where --input {input} is read from: what predict.py writes there would replace "
+            "the inputs; name a file or folder outside it"
+        )
+
+
 def write_csv(
     output: str,
     header: list[str],

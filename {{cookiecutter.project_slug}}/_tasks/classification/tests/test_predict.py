@@ -122,7 +122,11 @@ def test_a_sample_submission_sets_the_header_the_ids_and_the_row_order(project_r
     assert all(row[1] in inference.checkpoint_data(checkpoint)["classes"] for row in rows)
 
 
-def test_an_id_without_an_image_ends_in_one_line_and_writes_nothing(project_root, checkpoint, test_images, tmp_path):
+def test_an_id_without_an_image_ends_in_one_line_and_writes_nothing_and_removes_its_extraction(
+    project_root, checkpoint, test_images, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where predict.py extracts the archive
+    (tmp_path / "tmp").mkdir()
     sample = tmp_path / "sample_submission.csv"
     sample.write_text("id,label\nno-such-image,0\n", encoding="utf-8")
     output = tmp_path / "submission.csv"
@@ -138,6 +142,8 @@ def test_an_id_without_an_image_ends_in_one_line_and_writes_nothing(project_root
         f"error: 1 of the 1 IDs of {sample} have no input in --input (the first: 'no-such-image')"
     ]
     assert not output.exists()
+    assert "extracting" in result.stderr + result.stdout  # (the test would pass if nothing had been extracted)
+    assert not [path.name for path in (tmp_path / "tmp").iterdir() if path.is_dir()]
 
 
 def test_a_folder_of_images_is_read_where_it_is_its_lone_top_folder_unwrapped(project_root, checkpoint, tmp_path):
