@@ -161,6 +161,8 @@ def test_a_folder_that_is_not_a_save_is_one_line_naming_the_files_to_pass(tmp_pa
     assert str(given) in message and Path(checkpoint.BEST).name in message and "\n" not in message
     assert "corrupt" not in message and "--resume" not in message
     assert not list(tmp_path.glob("model*"))  # nothing written
+    with pytest.raises(UserError, match="is a folder but not a save run.py wrote"):  # --resume FOLDER: alike
+        build_checkpointer(tmp_path / "run").resume(str(given))
 
 
 @pytest.mark.parametrize("given", ["theirs", "ours, missing beside theirs"])
@@ -173,6 +175,9 @@ def test_the_other_frameworks_checkpoint_is_one_line_saying_whose_it_is(tmp_path
     with pytest.raises(UserError, match=f"is a {output_folder.SUFFIXES[theirs]} checkpoint") as error:
         checkpoint.read_weights(path)
     assert str(tmp_path / f"best{theirs}") in str(error.value) and "corrupt" not in str(error.value)
+    if given == "theirs":  # --resume FILE: alike
+        with pytest.raises(UserError, match=f"is a {output_folder.SUFFIXES[theirs]} checkpoint"):
+            build_checkpointer(tmp_path / "run").resume(str(path))
 
 
 def test_ranks_that_find_different_checkpoints_stop_instead_of_training_different_models(tmp_path, monkeypatch):

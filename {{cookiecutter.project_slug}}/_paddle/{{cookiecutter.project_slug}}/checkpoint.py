@@ -153,6 +153,8 @@ class Checkpointer(CheckpointerBase):
         path = newest(self.directory, LAST) if how == "auto" else Path(how)
         if path is None:
             return None
+        named = path if path.suffix or path.exists() else path.with_suffix(Path(LAST).suffix)  # (--resume DIR/last)
+        output_folder.check_checkpoint(named, _TRAINING, Path(LAST).suffix)  # a run's folder, the other framework's
         if path.is_dir():
             weights_path, (weights, state) = path, _read_parts(path)
         else:

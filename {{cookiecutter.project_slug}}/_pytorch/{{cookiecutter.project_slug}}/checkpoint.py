@@ -190,6 +190,7 @@ class Checkpointer(CheckpointerBase):
             raise UserError(
                 f"checkpoint {path} not found: pass --resume auto, none, or an existing file (or sharded folder)"
             )
+        output_folder.check_checkpoint(path, _TRAINING, Path(LAST).suffix)  # a run's folder, the other framework's
         checkpoint = self._read_shards(path) if path.is_dir() else self._read_file(path)
         self.schedule.stepper.load_state_dict(checkpoint["scheduler"])
         # A run without loss scaling (CPU, --no-amp, bfloat16) saved {}: the scaler starts afresh then.
