@@ -25,6 +25,8 @@ def parse_args():
 
 if __name__ == "__main__":
     args = parse_args()
+    if Path(args.output).is_dir():
+        raise SystemExit(f"error: {args.output} is a folder: name the file to write in it")
     try:
         written = checkpoint.export_weights(Path(args.checkpoint), Path(args.output), args.weights == "ema")
     except UserError as error:

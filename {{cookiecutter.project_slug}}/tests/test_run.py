@@ -253,6 +253,16 @@ def test_a_checkpoint_records_its_data_so_predicting_needs_nothing_else(syntheti
     assert all(np.array_equal(np.asarray(loaded[name]), np.asarray(weights[name])) for name in weights)
 
 
+def test_export_into_an_existing_folder_is_one_line_asking_for_a_file(synthetic_run, project_root, tmp_path):
+    best = inference.checkpoint_path(synthetic_run, "best")
+
+    result = run([sys.executable, "export.py", str(best), str(tmp_path)], project_root, nproc=1, check=False)
+
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: {tmp_path} is a folder: name the file to write in it"
+    assert not list(tmp_path.iterdir())
+
+
 def test_plain_python_run_trains_in_one_process(project_root, tmp_path, expected_sizes):
     output_dir = tmp_path / "output"
     train_size, val_size = expected_sizes

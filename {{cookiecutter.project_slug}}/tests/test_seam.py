@@ -70,6 +70,22 @@ def test_a_task_whose_best_metric_or_direction_is_not_stated_is_one_line(metric,
         seam.Task(task=task)
 
 
+@pytest.mark.parametrize(
+    "functions, named, not_named",
+    [
+        (("rows_from_outputs",), "task.py has no test_time_views():", "rows_from_outputs()"),
+        ((), "task.py has no test_time_views() and no rows_from_outputs():", None),
+    ],
+)
+def test_tta_without_the_functions_it_needs_is_one_line_naming_only_those_missing(functions, named, not_named):
+    task = type("Plain", (), {"BEST_METRIC": "acc", "BEST_MODE": "max", **{name: None for name in functions}})
+    with pytest.raises(UserError) as error:
+        seam.Task(task=task).check_averaging(1, tta=True)
+    message = str(error.value)
+    assert message.startswith(f"--tta: {named}") and "\n" not in message
+    assert not_named is None or not_named not in message.split(":")[1]
+
+
 def test_metrics_without_the_best_metric_are_one_line_naming_the_function():
     task = type("Broken", (Task,), {"BEST_METRIC": "f1"})
     with pytest.raises(UserError, match=r"task.metrics\(\) returned \['acc', 'loss'\], without 'f1'"):

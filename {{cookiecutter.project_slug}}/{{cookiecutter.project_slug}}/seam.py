@@ -191,10 +191,12 @@ class Task:
                 "which say what an ensemble averages and how rows are made from it: add them (README: A competition, "
                 "from folds to a submission), or give one checkpoint"
             )
-        if tta and not all(hasattr(self.task, name) for name in ("test_time_views", "rows_from_outputs")):
+        lacking = [name for name in ("test_time_views", "rows_from_outputs") if not hasattr(self.task, name)]
+        if tta and lacking:
             raise UserError(
-                "--tta: task.py has no test_time_views() (and rows_from_outputs()), which say the views of a batch "
-                "to average: add them (README: A competition, from folds to a submission), or leave out --tta"
+                f"--tta: task.py has no {' and no '.join(f'{name}()' for name in lacking)}: test_time_views() says "
+                "the views of a batch to average, rows_from_outputs() how rows are made from the average: add them "
+                "(README: A competition, from folds to a submission), or leave out --tta"
             )
 
     def averaged_outputs(self, model, batch, tta: bool) -> np.ndarray:
