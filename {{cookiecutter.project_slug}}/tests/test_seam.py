@@ -78,7 +78,8 @@ def test_a_task_whose_best_metric_or_direction_is_not_stated_is_one_line(metric,
     ],
 )
 def test_tta_without_the_functions_it_needs_is_one_line_naming_only_those_missing(functions, named, not_named):
-    task = type("Plain", (), {"BEST_METRIC": "acc", "BEST_MODE": "max", **{name: None for name in functions}})
+    stated = dict.fromkeys(functions) | {"BEST_METRIC": "acc", "BEST_MODE": "max"}
+    task = type("Plain", (), stated)
     with pytest.raises(UserError) as error:
         seam.Task(task=task).check_averaging(1, tta=True)
     message = str(error.value)
