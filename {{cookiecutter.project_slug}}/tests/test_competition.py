@@ -6,6 +6,7 @@ import collections
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from conftest import free_port, run_bash, run_sh
 
 from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, output_folder, seam, settings, task, workspace
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.errors import UserError
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
@@ -153,6 +155,34 @@ def test_folds_csv_of_other_data_is_refused_in_one_line_naming_what_to_do(tmp_pa
     assert folds.read_folds(tmp_path / "folds.csv", ["c", "b", "a"], 2) == [0, 1, 0]
     with pytest.raises(UserError, match="written for other data .1 ids differ.*new --output-dir"):
         folds.read_folds(tmp_path / "folds.csv", ["a", "b", "d", "c"], 2)
+
+
+def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_finished(tmp_path, caplog):
+    folds.write_folds(tmp_path / "folds.csv", ["a", "b", "c"], [0, 1, 0])
+    for fold in (0, 1):
+        for name in (folds.OOF, folds.CONTRIBUTIONS):
+            (Path(folds.fold_dir(tmp_path, fold)) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(folds.fold_dir(tmp_path, fold)) / name).write_bytes(b"a finished fold's")
+    args = argparse.Namespace(output_dir=str(tmp_path), folds=3, fold=None)
+    workspace.place_fold(args, env={})
+
+    with pytest.raises(UserError, match="splits the data into 2 folds, not --folds 3"):
+        folds.train_each(args, DistEnv(0, 0, 1, "cpu"), None, lambda run_args: pytest.fail("a fold was trained"))
+    assert "is finished" not in caplog.text
+
+
+@pytest.mark.slow
+def test_a_finished_fold_trained_on_to_more_epochs_predicts_its_fold_again(three_folds, project_root, tmp_path):
+    output = tmp_path / "output"
+    shutil.copytree(three_folds[0], output, symlinks=True)
+    oof = output / "fold-0" / folds.OOF
+    before = oof.read_bytes()
+    oof.write_bytes(before.replace(b"\n", b"\r\n", 1))  # a mark: any rewrite of the file removes it
+
+    console = run_sh(project_root, output, "--folds", "3", "--fold", "0", "--epochs", "3")
+
+    assert "epoch 3/3" in console
+    assert b"\r\n" not in oof.read_bytes()  # the fold's out-of-fold predictions again, by its best of 3 epochs
 
 
 @pytest.mark.slow

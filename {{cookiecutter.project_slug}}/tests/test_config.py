@@ -142,6 +142,17 @@ def test_a_resumed_run_with_changed_options_says_which(tmp_path, caplog):
     assert yaml.safe_load((tmp_path / options.CONFIG).read_text(encoding="utf-8"))["epochs"] == 4
 
 
+def test_a_resumed_run_that_trains_nothing_leaves_config_yaml_as_the_run_that_trained(tmp_path):
+    trained = cli.parse_args(["--epochs", "3", "--output-dir", str(tmp_path)])
+    options.record(options.of_run(trained), tmp_path, is_main=True, resumed=False)
+    shorter = cli.parse_args(["--epochs", "1", "--output-dir", str(tmp_path)])
+
+    changed = options.record(options.of_run(shorter), tmp_path, is_main=True, resumed=True, trains=False)
+
+    assert changed == {"epochs": (3, 1)}  # still said
+    assert yaml.safe_load((tmp_path / options.CONFIG).read_text(encoding="utf-8"))["epochs"] == 3
+
+
 def test_each_fold_records_its_own_number(tmp_path):
     args = cli.parse_args(["--folds", "3", "--fold", "1", "--output-dir", str(tmp_path)])
 

@@ -62,9 +62,12 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
         train_one(args)
         return
     log = logs.setup_logging(args.folds_dir, env.rank)
+    if (Path(args.folds_dir) / FOLDS_CSV).is_file():  # the split asked for, before any fold is said finished
+        _check_count(Path(args.folds_dir) / FOLDS_CSV, _fold_count(Path(args.folds_dir) / FOLDS_CSV), args.folds)
     left = [fold for fold in range(args.folds) if not finished(args.folds_dir, fold)]
     for fold in sorted(set(range(args.folds)) - set(left)):
-        log.info("fold %d of %d is finished (%s): skipped", fold, args.folds, Path(fold_dir(args.folds_dir, fold), OOF))
+        log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,
+                 args.folds, Path(fold_dir(args.folds_dir, fold), OOF), fold)  # fmt: skip
     for fold in left:
         with engine.names_as_in_a_new_process():
             train_one(argparse.Namespace(**{**vars(args), "fold": fold, "output_dir": fold_dir(args.folds_dir, fold)}))
@@ -160,18 +163,25 @@ def read_folds(path: Path, ids: list[str], folds: int) -> list[int]:
             f"{path} was written for other data ({changed} ids differ from the data's now): train the changed data "
             "in a new --output-dir, or delete folds.csv and every fold-*/ there to start the folds again"
         )
-    if max(saved.values()) + 1 != folds:
-        raise UserError(
-            f"{path} splits the data into {max(saved.values()) + 1} folds, not --folds {folds}: give --folds "
-            f"{max(saved.values()) + 1}, or train {folds} folds in a new --output-dir"
-        )
+    _check_count(path, max(saved.values()) + 1, folds)
     return [saved[sample_id] for sample_id in ids]
 
 
-def predict_out_of_fold(args, checkpoints, model, val_loader, val_set: Part, env, task: Task, amp_dtype) -> None:
+def _check_count(path: Path, counted: int, folds: int) -> None:
+    if counted != folds:
+        raise UserError(
+            f"{path} splits the data into {counted} folds, not --folds {folds}: give --folds {counted}, or train "
+            f"{folds} folds in a new --output-dir"
+        )
+
+
+def predict_out_of_fold(
+    args, checkpoints, model, val_loader, val_set: Part, env, task: Task, amp_dtype, trained: bool
+) -> None:
     """A finished fold (its last epoch, or an early stop): its best checkpoint's out-of-fold predictions and
-    validation contributions, through the gathered validation (each sample once, on any number of processes)."""
-    if args.folds is None or finished(args.folds_dir, args.fold):
+    validation contributions, through the gathered validation (each sample once, on any number of processes);
+    again where this run `trained` a finished fold on (--fold K with a larger --epochs)."""
+    if args.folds is None or finished(args.folds_dir, args.fold) and not trained:
         return
     checkpoints.load_best()
     with checkpoints.ema.swapped():  # (--ema: the averaged weights, as validation used them)

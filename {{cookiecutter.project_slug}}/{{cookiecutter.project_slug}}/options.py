@@ -289,9 +289,10 @@ def of_run(args: argparse.Namespace) -> dict:
     return {**args.as_given, "fold": args.fold} if args.folds else args.as_given
 
 
-def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool) -> dict:
-    """Write OUTPUT_DIR/config.yaml (rank 0): `options`, as_given()'s. Return the options that changed since the
-    run's last start when it resumes, {name: (was, now)}, each said in the log."""
+def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool, trains: bool = True) -> dict:
+    """Write OUTPUT_DIR/config.yaml (rank 0): `options`, as_given()'s; a run that `trains` nothing leaves the one
+    that trained (an --epochs below the checkpoint's must not become what repeats the run). Return the options
+    that changed since the run's last start when it resumes, {name: (was, now)}, each said in the log."""
     path = Path(output_dir) / CONFIG
     changed = {}
     if resumed and path.is_file():
@@ -309,7 +310,7 @@ def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool) 
                 "options changed since the run's last start: %s",
                 "; ".join(f"{name} {_shown(was)} -> {_shown(now)}" for name, (was, now) in changed.items()),
             )
-    if is_main:
+    if is_main and trains:
         text = f"# This run's options: bash run.sh --config {path.resolve()} repeats it (flags given with it win)\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{CONFIG}.partial")

@@ -87,6 +87,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
         state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
+        resumed_at = state.epochs_done
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
             with ema.swapped(args.weights == "ema"):  # (--weights raw: the trained weights)
                 _evaluate(network, val_loader, env, task, amp_dtype, checkpoints.loaded or args.init_from, output_dir)
@@ -110,7 +111,8 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         )  # fmt: skip
         # OUTPUT_DIR/config.yaml: the options, read back by --config to repeat the run; and the tracker's run.
         given, resumed = options.of_run(args), checkpoints.loaded is not None
-        changed = options.record(given, output_dir, env.is_main, resumed)  # (a resumed run's are said)
+        trains = state.epochs_done < args.epochs
+        changed = options.record(given, output_dir, env.is_main, resumed, trains)  # (a resumed run's are said)
         tracker = trackers.open_tracker(
             args.tracking, output_dir, env, state, len(train_loader), args.grad_accum, args.batch_size, given, changed,
             resumed, args.folds_dir,
@@ -126,7 +128,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
             model.stop_training = epoch < args.epochs and state.stops_early(args.patience)  # fit ends after this epoch
 
         try:
-            if state.epochs_done >= args.epochs:
+            if not trains:
                 log.info(
                     "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
                 )
@@ -140,7 +142,9 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
                     epoch_end.batches, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
                     accumulate_grad_batches=args.grad_accum, callbacks=[fit.schedule_left_to_epoch_end(), epoch_end],
                 )  # fmt: skip
-            folds.predict_out_of_fold(args, checkpoints, network, val_loader, val_set, env, task, amp_dtype)
+            folds.predict_out_of_fold(
+                args, checkpoints, network, val_loader, val_set, env, task, amp_dtype, state.epochs_done > resumed_at
+            )
             tracker.best(newest(checkpoints.directory, BEST))
         except preemption.Stopped as stopped:  # mid-epoch or at an epoch's end: save, then leave
             checkpoints.save_stopped(stopped)
