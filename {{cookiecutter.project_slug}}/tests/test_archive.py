@@ -215,6 +215,15 @@ def test_missing_archive_says_which_file_and_what_to_pass(tmp_path):
     assert "--dataset-zip" in str(error.value)
 
 
+def test_a_folder_given_as_the_archive_is_one_line_saying_to_pass_it_as_data_dir(tmp_path):
+    (tmp_path / "unpacked").mkdir()
+
+    with pytest.raises(UserError, match="is a folder, not an archive") as error:
+        extract(tmp_path / "unpacked", tmp_path / "data")
+
+    assert f"--data-dir {tmp_path / 'unpacked'}" in str(error.value) and not (tmp_path / "data").exists()
+
+
 def test_file_that_is_not_an_archive_is_refused(tmp_path):
     source = tmp_path / "data.zip"
     source.write_text("this is an HTML error page, not a zip\n" * 20)

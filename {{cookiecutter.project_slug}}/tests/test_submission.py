@@ -42,6 +42,13 @@ def test_a_sample_column_nothing_fills_ends_in_one_line_naming_it_and_writes_not
     assert "nothing fills Confidence, Notes" in one_line_refusal(tmp_path, ["Id,Category,Confidence,Notes"])
 
 
+def test_a_sample_submission_that_is_a_folder_or_missing_is_one_line_saying_which(tmp_path):
+    for given, said in ((tmp_path, "is a folder: name the CSV file"), (tmp_path / "none.csv", "not found")):
+        with pytest.raises(UserError, match=said):
+            write_csv(str(tmp_path / "out.csv"), ["image", "label"], IMAGES, ["cat", "dog", "fox"], sample=str(given))
+    assert not (tmp_path / "out.csv").exists()
+
+
 def test_a_sample_names_an_image_by_its_path_its_file_name_or_its_name_without_the_extension(tmp_path):
     sample = write_sample(tmp_path / "sample.csv", ["image_id,label", "fox,", "dog.jpg,", "a/cat.png,"])
 

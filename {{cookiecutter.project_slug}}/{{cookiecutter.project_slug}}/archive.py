@@ -50,6 +50,8 @@ def ensure_extracted(
     archive, target = Path(archive), Path(target)
     if already_extracted(archive, target):
         return False
+    if archive.is_dir():
+        raise UserError(f"--dataset-zip {archive} is a folder, not an archive: pass it as --data-dir {archive}")
     if not archive.is_file():
         raise UserError(
             f"dataset archive {archive} not found: pass --dataset-zip PATH, or --data-dir with the unpacked data"

@@ -156,7 +156,9 @@ def write_rows(output: str, header: list[str], rows: list[list]) -> None:
 def sample_table(sample: Path) -> list[list[str]]:
     """The rows of a sample submission, its header first (empty lines left out)."""
     if not sample.is_file():
-        raise UserError(f"--sample-submission {sample} not found")
+        raise UserError(
+            f"--sample-submission {sample} {'is a folder: name the CSV file' if sample.is_dir() else 'not found'}"
+        )
     with open(sample, newline="", encoding="utf-8-sig") as file:
         table = [row for row in csv.reader(file) if row]
     if not table:
