@@ -306,6 +306,20 @@ def test_ai_studio_outputs_and_launcher_logs_go_to_the_workspace(bake, tmp_path)
     assert f"'--log_dir' '{tmp_path / 'workspace' / 'output' / 'launch-logs'}'" in result.stdout
 
 
+def test_predict_sh_keeps_the_launchers_logs_in_the_temporary_folder_not_beside_the_predictions(bake, tmp_path):
+    project = bake(framework="paddle", dataset="synthetic")
+    output = tmp_path / "submission" / "submission.csv"
+    (tmp_path / "tmp").mkdir()
+    env = platform_env(DRY_RUN="1", TMPDIR=str(tmp_path / "tmp"))
+
+    result = subprocess.run(["bash", "predict.sh", "--input", "test.zip", "--output", str(output)], cwd=project,
+                            env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    [log_dir] = re.findall(r"'--log_dir' '([^']+)'", result.stdout)
+    assert Path(log_dir).parent == tmp_path / "tmp" and Path(log_dir).name.startswith("predict-logs-")
+
+
 # ----------------------------------------------------------------------------- training on loopback (slow)
 
 

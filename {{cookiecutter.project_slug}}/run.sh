@@ -110,8 +110,8 @@ command=("$PYTHON" "$RUN_SCRIPT" "$@")
 {%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
 # {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
 # to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's output folder
-# (launch-logs/nodeR on several machines), overwritten by every run.
-log_dir="$OUTPUT_DIR/launch-logs"
+# (launch-logs/nodeR on several machines; predict.py's: in the temporary folder), overwritten by every run.
+log_dir="$LAUNCH_LOGS"
 launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then

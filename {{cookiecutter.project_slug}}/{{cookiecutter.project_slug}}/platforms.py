@@ -16,12 +16,14 @@ NPROC_PER_NODE set by the user override just their own value. The standard libra
 imported only to count the GPUs of a machine that has an NVIDIA driver.
 """
 
+import hashlib
 import os
 import re
 import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -326,9 +328,13 @@ def main(argv: list[str]) -> None:
         args = cli.parse_predict_args(argv)
         # Where its output goes: without --output, the task's default name in the working folder.
         output_dir = str(Path(args.output).resolve().parent) if args.output else os.getcwd()
+        # The launcher's logs (with its copies of the environment): in the temporary folder, not beside the output.
+        output = str(Path(args.output or "predictions").resolve())
+        launch_logs = Path(tempfile.gettempdir()) / f"predict-logs-{hashlib.sha1(output.encode()).hexdigest()[:12]}"
     else:
         args = cli.parse_args(argv, quiet=True)
         output_dir = args.output_dir
+        launch_logs = Path(output_dir) / "launch-logs"
     env = os.environ
     try:
         gpus = visible_gpus()
@@ -367,6 +373,7 @@ def main(argv: list[str]) -> None:
         "MASTER_ADDR": master_ip,
         "MASTER_PORT": layout.master_port,
         "OUTPUT_DIR": output_dir,
+        "LAUNCH_LOGS": str(launch_logs),
         "found": describe(layout, master_ip, output_dir),
         "checked": "\n".join(checked) or None,
     }
