@@ -175,6 +175,8 @@ def test_the_other_frameworks_checkpoint_is_one_line_saying_whose_it_is(tmp_path
     with pytest.raises(UserError, match=f"is a {output_folder.SUFFIXES[theirs]} checkpoint") as error:
         checkpoint.read_weights(path)
     assert str(tmp_path / f"best{theirs}") in str(error.value) and "corrupt" not in str(error.value)
+    with pytest.raises(UserError, match="not found"):  # a missing file of theirs is just missing
+        checkpoint.read_weights(tmp_path / f"missing{theirs}")
     if given == "theirs":  # --resume FILE: alike
         with pytest.raises(UserError, match=f"is a {output_folder.SUFFIXES[theirs]} checkpoint"):
             build_checkpointer(tmp_path / "run").resume(str(path))

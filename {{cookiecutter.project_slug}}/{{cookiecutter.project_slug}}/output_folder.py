@@ -179,7 +179,7 @@ def check_checkpoint(checkpoint: Path, last_written: str, ours: str) -> None:
         )
     for suffix, framework in SUFFIXES.items():
         theirs = checkpoint.with_suffix(suffix)
-        if suffix != ours and (checkpoint.suffix == suffix or not checkpoint.exists() and theirs.is_file()):
+        if suffix != ours and (checkpoint.suffix == suffix or not checkpoint.exists()) and theirs.is_file():
             raise UserError(
                 f"{theirs} is a {framework} checkpoint and this project trains with {SUFFIXES[ours]}: use it in the "
                 f"project that wrote it, or pass a {files}"
