@@ -62,8 +62,9 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
         train_one(args)
         return
     log = logs.setup_logging(args.folds_dir, env.rank)
-    if (Path(args.folds_dir) / FOLDS_CSV).is_file():  # the split asked for, before any fold is said finished
-        _check_count(Path(args.folds_dir) / FOLDS_CSV, _fold_count(Path(args.folds_dir) / FOLDS_CSV), args.folds)
+    split_file = Path(args.folds_dir) / FOLDS_CSV
+    if split_file.is_file():  # the split asked for, before any fold is said finished
+        _check_count(split_file, _fold_count(split_file), args.folds)
     left = [fold for fold in range(args.folds) if not finished(args.folds_dir, fold)]
     for fold in sorted(set(range(args.folds)) - set(left)):
         log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,

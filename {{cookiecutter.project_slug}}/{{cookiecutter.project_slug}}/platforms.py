@@ -329,8 +329,8 @@ def main(argv: list[str]) -> None:
         # Where its output goes: without --output, the task's default name in the working folder.
         output_dir = str(Path(args.output).resolve().parent) if args.output else os.getcwd()
         # The launcher's logs (with its copies of the environment): in the temporary folder, not beside the output.
-        output = str(Path(args.output or "predictions").resolve())
-        launch_logs = Path(tempfile.gettempdir()) / f"predict-logs-{hashlib.sha1(output.encode()).hexdigest()[:12]}"
+        key = str(Path(args.output).resolve()) if args.output else output_dir
+        launch_logs = Path(tempfile.gettempdir()) / f"predict-logs-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
     else:
         args = cli.parse_args(argv, quiet=True)
         output_dir = args.output_dir
