@@ -106,6 +106,28 @@ def test_a_folder_filled_from_another_archive_is_not_silently_used_for_this_one(
     assert files_under(target) == LAYOUT
 
 
+def test_a_process_looking_while_the_marker_is_written_waits_rather_than_calling_it_another_archive(
+    tmp_path, monkeypatch
+):
+    source = write_zip(tmp_path / "data.zip", LAYOUT)
+    target = tmp_path / "data"
+    seen = []
+    write_text = Path.write_text
+
+    def write_then_look(path, text, *args, **kwargs):
+        # Another rank checks between the file's opening and its text, as one did on a loaded CI machine.
+        path.open("w").close()
+        seen.append(archive.already_extracted(source, target))
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_then_look)
+
+    assert extract(source, target) is True
+
+    assert seen == [False]
+    assert_extracted_cleanly(target)
+
+
 def test_interrupted_extraction_is_redone_cleanly(tmp_path):
     source = write_zip(tmp_path / "data.zip", LAYOUT)
     target = tmp_path / "data"

@@ -189,7 +189,10 @@ def _extract_once(archive: Path, target: Path, max_bytes: float, show_progress: 
             for name in top_names:
                 _remove(target / name)  # left by an interrupted run, as checked above
                 (staging / name).rename(target / name)
-            (target / DONE_MARKER).write_text(archive_identity(archive), encoding="utf-8")
+            # Written beside the data and moved in whole: a rank that looks without the lock (already_extracted)
+            # must never read a marker opened but not yet written as another archive's.
+            (staging / DONE_MARKER).write_text(archive_identity(archive), encoding="utf-8")
+            (staging / DONE_MARKER).replace(target / DONE_MARKER)
         except OSError as error:
             shutil.rmtree(staging, ignore_errors=True)
             if error.errno == errno.ENOSPC:
