@@ -69,6 +69,18 @@ def test_impossible_numbers_are_refused_before_anything_starts(flag, value, must
     assert capsys.readouterr().err.splitlines() == [f"error: argument {flag}: {must} (run.py --help lists the flags)"]
 
 
+def test_a_group_column_without_folds_is_one_line_rather_than_ignored(capsys):
+    declared = "--group-column" in cli.build_parser().format_help()  # a task option: not every data.py has it
+
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(["--group-column", "site"])
+
+    assert stop.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and "--group-column" in line
+    assert ("it needs --folds K" in line) == declared
+
+
 def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(project_root, tmp_path):
     result = subprocess.run(
         ["bash", "run.sh", "--learning-rate", "0.1", "--output-dir", str(tmp_path / "out")],

@@ -301,6 +301,8 @@ def parse_args(argv: list[str] | None = None, quiet: bool = False) -> argparse.N
         parser.source = f"(with --config {args.config})"
     if getattr(args, "sharding_stage", 1) > 1 and args.strategy != "sharding":
         parser.error(f"--sharding-stage {args.sharding_stage} needs --strategy sharding")
+    if getattr(args, "group_column", None) and not args.folds:  # data.py's option; only the folds read it
+        parser.error(f"--group-column {args.group_column} keeps each group within one fold: it needs --folds K")
     if args.strategy == "sharding":  # the loop's name for it, and the log's
         args.strategy = f"sharding stage {args.sharding_stage}"
     try:
