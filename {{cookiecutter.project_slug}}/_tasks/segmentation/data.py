@@ -271,6 +271,11 @@ def build_predict_set(source: Path, description: dict) -> tuple[ImageFiles, list
     image `source`, read as training read its images (the checkpoint's `description`), and their keys: (path
     relative to the folder, (width, height) of the image as it is), sorted by path: each predicted mask goes back
     to that size."""
+    if (source / "masks").is_dir():  # its masks would be read as images and given masks of their own
+        raise UserError(
+            f"--input {source} holds masks/ beside its images, as training data does: "
+            f"pass the images alone (--input {source / 'images'})"
+        )
     folder, names = images_to_predict(source)
     by_stem([folder / name for name in names], folder, "both would be predicted into the same mask file")
     images = ImageFiles([folder / name for name in names], reader(description, IMAGE_SIZE, CHANNELS))

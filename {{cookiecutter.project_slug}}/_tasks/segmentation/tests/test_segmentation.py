@@ -186,6 +186,15 @@ def test_one_image_file_is_predicted_as_a_set_of_one_keyed_by_its_file_and_read_
     assert np.array_equal(np.asarray(alone[0]), np.asarray(in_folder[1]))
 
 
+def test_a_training_folder_given_to_predict_is_one_line_naming_its_images_not_its_masks_read_as_images(tmp_path):
+    root = write_dataset(tmp_path)
+
+    with pytest.raises(UserError) as error:
+        data.build_predict_set(root, {})
+
+    assert f"--input {root / 'images'}" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_the_network_scores_every_pixel_of_images_of_any_side():
     network = build_model(4, channels=3)
     network.eval()
