@@ -36,15 +36,22 @@ def optimizer_rate(output, lr: float) -> float:
     return optimizer.param_groups[0]["lr"] if settings.FRAMEWORK == "pytorch" else optimizer.get_lr()
 
 
-def test_a_resume_without_lr_goes_on_with_the_rate_the_run_was_started_with(project_root, tmp_path):
+def test_a_resume_without_lr_or_from_its_config_yaml_goes_on_with_the_rate_the_run_was_started_with(
+    project_root, tmp_path
+):
     output = tmp_path / "output"
     run_py(project_root, output, "--epochs", "2", "--lr", "0.02")
 
-    run_py(project_root, output, "--epochs", "4")
+    log = run_py(project_root, output, "--config", str(output / "config.yaml"), "--epochs", "4")  # its lr: 0.02
+    run_py(project_root, output, "--epochs", "5")
 
-    # Epochs 1-2 on the cosine of 2 epochs, 3-4 on that of 4, both from --lr 0.02's rate (not from the default's).
+    # Epochs 1-2 on the cosine of 2 epochs, 3-4 on that of 4, 5 on that of 5, all from --lr 0.02's rate (not the
+    # file's 0.02 started again at epoch 3, nor the default's).
     rate = optimizer_rate(output, 0.02)
-    assert rates(output) == [round(rate * factor, 6) for factor in (1, 0.5, 0.5, 0.5 * (1 - 2**-0.5))]
+    factors = (1, 0.5, 0.5, 0.5 * (1 - 2**-0.5), 0.5 * (1 + math.cos(math.pi * 4 / 5)))
+    assert rates(output) == [round(rate * factor, 6) for factor in factors]
+    assert "the resumed run trains at it" not in log and "epochs 2 -> 4" in log
+    assert "lr: 0.02" in (output / "config.yaml").read_text()  # what the resume without --lr kept training at
 
 
 def test_a_rate_given_on_resume_applies_from_there_on_and_the_log_says_so(project_root, tmp_path):

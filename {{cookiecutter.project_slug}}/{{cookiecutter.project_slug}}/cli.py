@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr",
         type=float,
         help=f"learning rate for the global batch (not scaled for you; default {DEFAULT_LR}); a resumed run keeps "
-        "its own unless this is given, and then trains at it from there on, the schedule continuing from it",
+        "its own unless another is given, and then trains at it from there on, the schedule continuing from it",
     )
     parser.add_argument(
         "--warmup-epochs",

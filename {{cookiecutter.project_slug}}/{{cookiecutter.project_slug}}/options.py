@@ -140,6 +140,8 @@ CONFIG = "config.yaml"
 NOT_RECORDED = {"config", "check", "evaluate", "resume", "local_rank", "data_url", "train_url", "init_method", "rank"}
 NOT_RECORDED |= {"world_size", "help"}
 RESUME_WORDS = ("auto", "none")  # --resume's values that are no path
+# What a resumed run keeps from its checkpoint unless given again (cli.py's helps): its config.yaml keeps them too.
+KEPT_ON_RESUME = ("lr", "warmup-epochs", "ema", "global-batch-size")
 
 
 def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
@@ -290,16 +292,16 @@ def of_run(args: argparse.Namespace) -> dict:
 
 
 def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool, trains: bool = True) -> dict:
-    """Write OUTPUT_DIR/config.yaml (rank 0): `options`, as_given()'s; a run that `trains` nothing leaves the one
-    that trained (an --epochs below the checkpoint's must not become what repeats the run). Return the options
-    that changed since the run's last start when it resumes, {name: (was, now)}, each said in the log."""
+    """Write OUTPUT_DIR/config.yaml (rank 0): `options`, as_given()'s, where a resumed run keeps the last start's
+    KEPT_ON_RESUME not given again (as training does); a run that `trains` nothing leaves the one that trained (an
+    --epochs below the checkpoint's must not become what repeats the run). Return the options that changed since
+    the run's last start when it resumes, {name: (was, now)}, each said in the log."""
     path = Path(output_dir) / CONFIG
     changed = {}
     if resumed and path.is_file():
-        try:
-            before = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
-            before = {}
+        before = last_start(output_dir)
+        kept = {name: before[name] for name in KEPT_ON_RESUME if options.get(name) is None and name in before}
+        options = {**options, **kept}
         changed = {
             name: (before.get(name), options.get(name))
             for name in dict.fromkeys([*options, *before])
@@ -317,6 +319,20 @@ def record(options: dict, output_dir: str | Path, is_main: bool, resumed: bool, 
         partial.write_text(text + yaml.safe_dump(options, sort_keys=False, allow_unicode=True), encoding="utf-8")
         partial.replace(path)
     return changed
+
+
+def last_start(output_dir: str | Path) -> dict:
+    """The options OUTPUT_DIR/config.yaml records of the run's last start ({} without one)."""
+    try:
+        return yaml.safe_load((Path(output_dir) / CONFIG).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def anew(value, name: str, output_dir: str | Path):
+    """`value` of option `name`, or None where the run's last start gave the same: for a resumed run the option
+    is then not given again (--config OUTPUT_DIR/config.yaml repeats its --lr, which must not restart the rate)."""
+    return None if value is not None and last_start(output_dir).get(name) == value else value
 
 
 def _shown(value) -> str:

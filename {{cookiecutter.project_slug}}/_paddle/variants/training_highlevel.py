@@ -86,7 +86,8 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         checkpoints.ema = ema = engine.Ema(network, args.ema)  # started by resume() under --ema, or the checkpoint's
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
-        state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
+        lr = options.anew(args.lr, "lr", output_dir)  # (its last start's --lr again, from its config.yaml: kept)
+        state = checkpoints.resume(how, args.init_from, lr, args.warmup_epochs)
         resumed_at = state.epochs_done
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
             with ema.swapped(args.weights == "ema"):  # (--weights raw: the trained weights)
