@@ -22,10 +22,11 @@ def predict(args) -> None:
     given = args.checkpoint or [inference.checkpoint_path(PROJECT_ROOT / "output", "best")]
     extracted = None
     try:
-        submission.check_apart(args.input, args.output)  # before anything is read or written
+        checkpoints = folds.checkpoints_of(given, lambda run: inference.checkpoint_path(run, "best"))
+        # Before anything is read or written: --output may replace none of it.
+        submission.check_apart(args.input, args.output, submission.read_besides(args, checkpoints))
         log = logs.setup_logging(None, env.rank)
         task = seam.Task()  # the three files a user owns, the one way to them
-        checkpoints = folds.checkpoints_of(given, lambda run: inference.checkpoint_path(run, "best"))
         averaged = len(checkpoints) > 1 or args.tta  # an ensemble, or test-time views: outputs averaged
         if averaged:
             task.check_averaging(len(checkpoints), args.tta)

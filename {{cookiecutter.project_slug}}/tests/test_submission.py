@@ -1,13 +1,14 @@
 """The CSV a competition takes (submission.py), whatever the task: a sample submission's header, IDs and row order
 followed, its extra columns filled or refused in one line, masks run-length encoded."""
 
+import argparse
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.submission import check_apart, image_ids, rle_encode, write_csv
+from {{ cookiecutter.project_slug }}.submission import check_apart, image_ids, read_besides, rle_encode, write_csv
 
 IMAGES = ["a/cat.png", "b/dog.jpg", "b/fox.png"]
 
@@ -105,6 +106,20 @@ def test_an_output_that_would_replace_the_inputs_is_refused_before_anything_is_w
     with pytest.raises(UserError, match="is where --input .* is read from") as error:
         check_apart(str(tmp_path / given), str(tmp_path / output))
     assert "\n" not in str(error.value)
+
+
+def test_an_output_that_a_checkpoint_or_another_option_names_is_refused_naming_that_option(tmp_path):
+    checkpoint, sample = tmp_path / "best.pt", tmp_path / "sample.csv"
+    for path in (checkpoint, sample):
+        path.write_bytes(b"read by predict.py")
+    args = argparse.Namespace(input=str(tmp_path / "test"), output=None, sample_submission=str(sample), batch_size=8)
+    read = read_besides(args, [checkpoint])
+
+    for output, option in ((checkpoint, "--checkpoint"), (sample, "--sample-submission")):
+        with pytest.raises(UserError, match=f"--output {output} is what {option} names") as error:
+            check_apart(args.input, str(output), read)
+        assert "\n" not in str(error.value)
+    check_apart(args.input, str(tmp_path / "submission.csv"), read)
 
 
 def test_run_length_pairs_number_pixels_from_1_down_each_column_unless_row_order_is_asked():

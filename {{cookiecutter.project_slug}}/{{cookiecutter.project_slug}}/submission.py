@@ -41,12 +41,16 @@ def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | 
     return archive.dataset_root(target), target
 
 
-def check_apart(input: str, output: str | None) -> None:
-    """predict.py's --output may not replace its inputs: neither the --input file, nor an --input folder or a folder
-    in it, nor the folder of an --input image (each mask is written under its image's own name)."""
+def check_apart(input: str, output: str | None, read: dict[str, str] | None = None) -> None:
+    """predict.py's --output may not replace what it reads: neither the --input file, nor an --input folder or a
+    folder in it, nor the folder of an --input image (each mask is written under its image's own name), nor a path
+    of `read` (read_besides()'s: a checkpoint, a sample submission)."""
     if output is None:
         return
     source, target = Path(input).resolve(), Path(output).resolve()
+    option = next((option for path, option in (read or {}).items() if Path(path).resolve() == target), None)
+    if option:
+        raise UserError(f"--output {output} is what {option} names: writing there would replace it; name another file")
     if source.is_dir():
         clash = target == source or source in target.parents
     else:
@@ -56,6 +60,17 @@ def check_apart(input: str, output: str | None) -> None:
             f"--output {output} is where --input {input} is read from: what predict.py writes there would replace "
             "the inputs; name a file or folder outside it"
         )
+
+
+def read_besides(args, checkpoints: list[Path]) -> dict[str, str]:
+    """What predict.py reads besides --input, by the option that names it: the checkpoints, and each file another
+    option names (a task's --sample-submission, ...)."""
+    named = {
+        value: f"--{name.replace('_', '-')}"
+        for name, value in vars(args).items()
+        if name not in ("input", "output") and isinstance(value, str) and Path(value).is_file()
+    }
+    return named | {str(path): "--checkpoint" for path in checkpoints}
 
 
 def write_csv(
