@@ -31,6 +31,8 @@ def predict(args) -> None:
         if averaged:
             task.check_averaging(len(checkpoints), args.tta)
         source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank)
+        if extracted is not None:  # every process past the extraction before any may end, removing it (finally)
+            distributed.barrier("every process's extraction of --input")
         total, description = None, None
         for checkpoint in checkpoints:
             # One read of the checkpoint: the model, and what predicting needs (the outputs' names, how inputs were

@@ -146,6 +146,30 @@ def test_an_id_without_an_image_ends_in_one_line_and_writes_nothing_and_removes_
     assert not [path.name for path in (tmp_path / "tmp").iterdir() if path.is_dir()]
 
 
+def test_two_processes_failing_right_after_extracting_say_one_line_and_leave_nothing_in_the_temporary_folder(
+    project_root, checkpoint, test_images, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where predict.py extracts the archive, and paddle logs
+    (tmp_path / "tmp").mkdir()
+    broken = tmp_path / checkpoint.name
+    broken.write_bytes(b"not a checkpoint")  # every process stops at reading it, once the archive is extracted
+
+    result = run(
+        ["bash", "predict.sh", "--checkpoint", str(broken), "--input", str(test_images), "--output",
+         str(tmp_path / "submission.csv")],
+        project_root, nproc=2, check=False,
+    )  # fmt: skip
+
+    said = result.stdout + result.stderr
+    errors = [line for line in said.splitlines() if "error:" in line]
+    assert result.returncode != 0
+    # (The checkpoint is read after the extraction: the line says every process got that far.)
+    assert len(errors) == 1 and errors[0].startswith(f"error: checkpoint {broken} "), said[-3000:]
+    # A process still extracting when another had ended used to fail on the removed folder, with a traceback.
+    assert "Traceback" not in said, said[-3000:]
+    assert not list((tmp_path / "tmp").glob("predict-*"))  # the extraction, and paddle's launcher logs
+
+
 def test_a_folder_of_images_is_read_where_it_is_its_lone_top_folder_unwrapped(project_root, checkpoint, tmp_path):
     folder = write_image_folder(tmp_path / "test" / "images", ["a", "b"], per_class=3)
     shutil.copyfile(folder / "a" / "a-000.png", folder / "._a-000.png")  # a resource fork: junk
