@@ -474,7 +474,9 @@ def start_seed_004(copies: list[Path], data_url: Path, port: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_ai_studio_trains_from_a_workspace_dataset_path_into_the_workspace_output(bake, tmp_path):
+def test_ai_studio_trains_from_a_workspace_dataset_path_into_the_workspace_output_with_no_copy_of_the_environment(
+    bake, tmp_path
+):
     project = bake(framework="paddle")
     workspace = tmp_path / "workspace"
     dataset = workspace / "train_data" / "datasets" / "123"
@@ -490,6 +492,7 @@ def test_ai_studio_trains_from_a_workspace_dataset_path_into_the_workspace_outpu
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [record] = read_metrics(workspace / "output")
     assert record["world_size"] == 2 and record["train_samples"] == TRAIN_SIZE
-    assert (workspace / "output" / "launch-logs" / "workerlog.0").exists()
+    # The workers' logs alone: not paddle's copies of the environment (envlog.N, backup_env.N.json, the pod's log).
+    assert {path.name for path in (workspace / "output" / "launch-logs").iterdir()} == {"workerlog.0", "workerlog.1"}
     assert (dataset / "digits" / "train").is_dir()
     assert not (project / "output").exists()

@@ -177,11 +177,17 @@ while kill -0 "$launcher" 2>/dev/null; do # the trap interrupted wait: wait for 
   status=0
   wait "$launcher" || status=$?
 done
+if ((!stopped && status != 0)); then
+  show_worker_errors "$log_dir"
+fi
+# paddle's copies of the whole environment (access tokens too; the pod's *.log starts with one): not left in
+# outputs that get shared.
+rm -f "$log_dir"/envlog.* "$log_dir"/backup_env.* "$log_dir"/*.log
+if [[ $RUN_SCRIPT == predict.py ]]; then
+  rm -rf "$log_dir" # predict.sh's, in the temporary folder: what its workers said is on the console
+fi
 if ((stopped)); then
   exit 143 # as the workers do: stopped by SIGTERM, the checkpoint saved
-fi
-if ((status != 0)); then
-  show_worker_errors "$log_dir"
 fi
 exit "$status"
 {%- else %}
