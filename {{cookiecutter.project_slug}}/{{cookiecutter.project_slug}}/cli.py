@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lr",
-        type=float,
+        type=positive_number,
         help=f"learning rate for the global batch (not scaled for you; default {DEFAULT_LR}); a resumed run keeps "
         "its own unless another is given, and then trains at it from there on, the schedule continuing from it",
     )
