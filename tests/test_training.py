@@ -557,6 +557,34 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     assert without_timings(read_metrics(output)) == UNINTERRUPTED[key]
 
 
+@pytest.mark.parametrize(
+    "answers",
+    [{"framework": "pytorch"}, {"framework": "pytorch", "launcher": "spawn"}, {"framework": "paddle"}],
+    ids=lambda answers: "-".join(answers.values()),
+)
+def test_ctrl_c_ends_the_job_in_one_line_saying_how_to_go_on_and_the_same_command_does(bake, tmp_path, answers):
+    project, output = bake(**answers), tmp_path / "output"
+    args = ["bash", "run.sh", "--epochs", "3", "--output-dir", str(output)]
+    env = tool_env(NPROC_PER_NODE="2", MASTER_PORT=str(free_port()))
+    job = subprocess.Popen(args, cwd=project, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not ((output / "metrics.jsonl").exists() and (output / "metrics.jsonl").read_text(encoding="utf-8")):
+        assert job.poll() is None and time.monotonic() < deadline, "the job ended before its first epoch's end"
+        time.sleep(0.02)
+
+    os.killpg(job.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the job hears it
+    said = job.communicate(timeout=60)[0]
+
+    assert job.returncode != 0 and "Traceback" not in said, said[-3000:]
+    # PyTorch's ranks stop where they are; Paddle's launcher (run.sh passes it SIGTERM) saves at the next step first.
+    [line] = [line for line in said.splitlines() if "interrupted (Ctrl-C)" in line or "stopped by SIGTERM" in line]
+    assert "the same command continues" in line or "run.sh again continues" in line
+    assert processes_left_in(project) == []
+    train(project, *args[2:])
+    assert [row["epoch"] for row in read_metrics(output)] == [1, 2, 3]
+
+
 STEP_SAVE_CASES = [  # (answers, flags, the processes of the resumed job): each loop once, fewer and more ranks
     ({"framework": "pytorch"}, [], 1),
     ({"framework": "pytorch"}, ["--strategy", "fsdp"], 3),

@@ -7,6 +7,7 @@ import errno
 import functools
 import hashlib
 import math
+import multiprocessing
 import os
 import shutil
 import sys
@@ -22,6 +23,8 @@ CHECK_FAILED_STATUS = 3
 # A collective timed out because a rank stopped answering (roll_call.py): one `error:` line names the step and
 # the rank; the launcher adds none (its own would name a rank that waited, not the one that stopped).
 COLLECTIVE_TIMEOUT_STATUS = 4
+# 128 + SIGINT: Ctrl-C, which a terminal sends to every process of the job.
+INTERRUPTED_STATUS = 130
 
 
 def more_processes_than_gpus(processes: int, gpus: int) -> str:
@@ -161,11 +164,16 @@ def say(error: UserError) -> None:
 
 @contextlib.contextmanager
 def said_once_per_machine():
-    """For a launcher: its ranks say each error once (say()); yields the folder of what they said (said())."""
+    """For a launcher: its ranks say each error once (say()); yields the folder of what they said (said()). Ctrl-C
+    reaches the ranks too: the launcher ends when its children have, without a traceback of its own."""
     folder = tempfile.mkdtemp(prefix="errors-said-")
     os.environ[SAID] = folder
     try:
         yield Path(folder)
+    except KeyboardInterrupt:
+        for child in multiprocessing.active_children():  # (spawn's ranks; each says it once, as train_or_explain())
+            child.join()
+        sys.exit(INTERRUPTED_STATUS)
     finally:
         os.environ.pop(SAID, None)
         shutil.rmtree(folder, ignore_errors=True)
@@ -218,5 +226,8 @@ def explain_user_errors(train):
             if explained.shown:
                 say(explained)
             sys.exit(explained.status)
+        except KeyboardInterrupt:  # one line for the machine, not a traceback from every process
+            say(UserError("interrupted (Ctrl-C): the checkpoints saved so far are kept; the same command continues"))
+            sys.exit(INTERRUPTED_STATUS)
 
     return train_or_explain
