@@ -1,8 +1,10 @@
-"""metrics.jsonl stays one line per finished epoch across crashes and resumes."""
+"""metrics.jsonl stays one line per finished epoch across crashes and resumes; train.log keeps why a run ended."""
 
 import json
 
-from {{ cookiecutter.project_slug }} import logs
+import pytest
+
+from {{ cookiecutter.project_slug }} import errors, logs
 
 
 def write_epochs(path, epochs):
@@ -29,3 +31,21 @@ def test_a_line_torn_by_a_crash_is_dropped_instead_of_blocking_the_resume(tmp_pa
     write_epochs(path, [3])
 
     assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_the_error_line_that_ends_a_run_is_in_its_train_log_too_not_only_on_the_console(tmp_path, capsys):
+    logs.setup_logging(tmp_path, rank=0)
+
+    @errors.explain_user_errors
+    def train(args):
+        raise errors.UserError("--data-dir nowhere not found: pass the folder of the data")
+
+    try:
+        with pytest.raises(SystemExit):
+            train(None)
+    finally:
+        logs.PACKAGE_LOGGER.handlers.clear()
+
+    assert capsys.readouterr().err == "error: --data-dir nowhere not found: pass the folder of the data\n"
+    last = (tmp_path / "train.log").read_text().splitlines()[-1]
+    assert last.endswith(" error: --data-dir nowhere not found: pass the folder of the data")

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import logging
 import math
 import multiprocessing
 import os
@@ -211,6 +212,13 @@ def out_of_memory_is_a_user_error(out_of_memory: type[BaseException]):
     return decorate
 
 
+def _into_log_files(error: UserError) -> None:
+    """The error line in this process's log file too (train.log, logs/rankN.log): a job's console is often gone."""
+    for handler in logging.getLogger(__package__).handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.makeLogRecord({"msg": f"error: {error}", "levelno": logging.ERROR}))
+
+
 def explain_user_errors(train):
     """Wrap train(args): a UserError ends this process with its one-line message and its status (1 mostly); so
     does an error raised in the user's files (from_user_code()), under their frames."""
@@ -225,9 +233,14 @@ def explain_user_errors(train):
                 raise
             if explained.shown:
                 say(explained)
+            _into_log_files(explained)
             sys.exit(explained.status)
         except KeyboardInterrupt:  # one line for the machine, not a traceback from every process
-            say(UserError("interrupted (Ctrl-C): the checkpoints saved so far are kept; the same command continues"))
+            interrupted = UserError(
+                "interrupted (Ctrl-C): the checkpoints saved so far are kept; the same command continues"
+            )
+            say(interrupted)
+            _into_log_files(interrupted)
             sys.exit(INTERRUPTED_STATUS)
 
     return train_or_explain
