@@ -173,17 +173,20 @@ def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_fini
 
 
 @pytest.mark.slow
-def test_a_finished_fold_trained_on_to_more_epochs_predicts_its_fold_again(three_folds, project_root, tmp_path):
+def test_a_finished_fold_trained_on_to_more_epochs_predicts_its_fold_and_scores_the_folds_again(
+    three_folds, project_root, tmp_path
+):
     output = tmp_path / "output"
     shutil.copytree(three_folds[0], output, symlinks=True)
-    oof = output / "fold-0" / folds.OOF
-    before = oof.read_bytes()
-    oof.write_bytes(before.replace(b"\n", b"\r\n", 1))  # a mark: any rewrite of the file removes it
+    written = [output / "fold-0" / folds.OOF, output / folds.OOF, output / folds.CV]
+    for path in written:
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n", 1))  # a mark: any rewrite of the file removes it
 
     console = run_sh(project_root, output, "--folds", "3", "--fold", "0", "--epochs", "3")
 
-    assert "epoch 3/3" in console
-    assert b"\r\n" not in oof.read_bytes()  # the fold's out-of-fold predictions again, by its best of 3 epochs
+    assert "epoch 3/3" in console and "cv: oof_" in console
+    # The fold's out-of-fold predictions again, by its best of 3 epochs, and the pooled ones and the score with them.
+    assert [b"\r\n" in path.read_bytes() for path in written] == [False, False, False]
 
 
 @pytest.mark.slow

@@ -55,11 +55,14 @@ def datasets(task: Task, args: argparse.Namespace, is_main: bool) -> tuple:
 
 
 def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
-    """train_one(args): the one run asked for; or under --fold all train_one(its args) for each fold not finished
-    yet (a finished one is said and skipped), then the cross-validation score (rank 0), the job's log in
-    DIR/train.log, each fold's in its own folder."""
+    """train_one(args): the one run asked for (--fold k: then the cross-validation score again where every fold is
+    finished); or under --fold all train_one(its args) for each fold not finished yet (a finished one is said and
+    skipped), then the cross-validation score (rank 0), the job's log in DIR/train.log, each fold's in its own
+    folder."""
     if args.fold != "all":
         train_one(args)
+        if args.folds and all(finished(args.folds_dir, fold) for fold in range(args.folds)):
+            _score(args.folds_dir, env, task, logs.setup_logging(args.folds_dir, env.rank))  # a fold trained again
         return
     log = logs.setup_logging(args.folds_dir, env.rank)
     split_file = Path(args.folds_dir) / FOLDS_CSV
@@ -74,8 +77,13 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
             train_one(argparse.Namespace(**{**vars(args), "fold": fold, "output_dir": fold_dir(args.folds_dir, fold)}))
     if left:
         log = logs.setup_logging(args.folds_dir, env.rank)
+    _score(args.folds_dir, env, task, log)
+
+
+def _score(directory, env, task: Task, log) -> None:
+    """The cross-validation's files and line, by rank 0, once every fold is finished."""
     if env.is_main:
-        log.info(cross_validate(args.folds_dir, task))
+        log.info(cross_validate(directory, task))
     distributed.barrier()
 
 
