@@ -126,8 +126,8 @@ def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path
 
     message = str(error.value)
     assert "weight" in message and "size mismatch" in message
-    # The advice keeps the earlier checkpoints: a new folder, not --resume none over them.
-    assert "new --output-dir" in message and "--resume none" not in message
+    # The advice keeps the earlier checkpoints: a save of this model, or a new folder, not --resume none over them.
+    assert "resume one of this model's" in message and "new --output-dir" in message and "--resume none" not in message
     assert "\n" not in message
 
 

@@ -168,7 +168,8 @@ class Checkpointer(CheckpointerBase):
         problem = _mismatch(model.state_dict(), weights)
         if problem:
             raise UserError(
-                f"checkpoint {weights_path} does not match the model ({problem}): use a new --output-dir for a new model"
+                f"checkpoint {weights_path} does not match the model ({problem}): a save of another model; resume one "
+                "of this model's, or start this one in a new --output-dir"
             )
         model.set_state_dict(weights)
         self.optimizer.set_state_dict(state["optimizer"])  # a sharded optimizer keeps its own part

@@ -298,7 +298,8 @@ def _mismatch_explained(path: Path):
             error = next(iter(error.failures.values()))[0]
         detail = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise UserError(
-            f"checkpoint {path} does not match the model ({detail}): use a new --output-dir for a new model"
+            f"checkpoint {path} does not match the model ({detail}): a save of another model; resume one of this "
+            "model's, or start this one in a new --output-dir"
         ) from None
 
 
