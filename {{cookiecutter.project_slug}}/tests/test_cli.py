@@ -82,6 +82,16 @@ def test_a_group_column_without_folds_is_one_line_rather_than_ignored(capsys):
     assert ("it needs --folds K" in line) == declared
 
 
+@pytest.mark.parametrize("name, says", [("nope.csv", "no file"), (".", "is a folder: name the file")])
+def test_a_sample_submission_that_is_not_a_file_is_one_line_before_anything_is_predicted(tmp_path, capsys, name, says):
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_predict_args(["--input", str(tmp_path), "--sample-submission", str(tmp_path / name)])
+
+    assert stop.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: argument --sample-submission: ") and says in line
+
+
 def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(project_root, tmp_path):
     result = subprocess.run(
         ["bash", "run.sh", "--learning-rate", "0.1", "--output-dir", str(tmp_path / "out")],

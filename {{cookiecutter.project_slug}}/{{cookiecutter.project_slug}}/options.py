@@ -60,10 +60,20 @@ def path(text: str) -> str:
     return os.path.expanduser(text)
 
 
+def existing_file(text: str) -> str:
+    """A file that must be there (a sample submission): said before any work, not after a long prediction."""
+    file = path(text)
+    if not os.path.isfile(file):
+        raise argparse.ArgumentTypeError(
+            f"{text} is a folder: name the file" if os.path.isdir(file) else f"no file {text}"
+        )
+    return file
+
+
 # The types an option of data.py or task.py may name.
 TYPES = {
     "int": int, "float": float, "str": str, "positive_int": positive_int, "positive_number": positive_number,
-    "fraction": fraction, "path": path,
+    "fraction": fraction, "path": path, "file": existing_file,
 }  # fmt: skip
 
 

@@ -63,6 +63,7 @@ OPTIONS = {
 # predict.py's options that task.py's write_predictions() reads.
 PREDICT_OPTIONS = {
     "--sample-submission": {
+        "type": "file",
         "metavar": "FILE",
         "help": "a competition's sample CSV: its header, its ID column (an image's path, file name, or file name "
         "without the extension) and its row order are followed; the second column gets the label, a third the "

@@ -43,6 +43,7 @@ OPTIONS = {
 # predict.py's options that task.py's write_predictions() reads.
 PREDICT_OPTIONS = {
     "--sample-submission": {
+        "type": "file",
         "metavar": "FILE",
         "help": "a competition's sample CSV: its header, its ID column (the input's id) and its row order are "
         "followed; the second column gets the prediction",

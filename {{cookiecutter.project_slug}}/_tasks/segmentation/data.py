@@ -66,6 +66,7 @@ OPTIONS = {
 # predict.py's options that task.py's write_predictions() reads.
 PREDICT_OPTIONS = {
     "--sample-submission": {
+        "type": "file",
         "metavar": "FILE",
         "help": "a competition's sample CSV (an image's ID, a class, a mask): its header and its row order are "
         "followed, each row matched by image (its path, file name, or file name without the extension) and class; "
