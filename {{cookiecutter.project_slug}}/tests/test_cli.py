@@ -59,7 +59,7 @@ def test_default_paths_do_not_depend_on_the_working_folder(tmp_path, monkeypatch
         ("--dist-timeout", "-1", "must be a number of seconds above 0, got -1"),
         ("--extract-timeout", "nan", "must be a number of seconds above 0, got nan"),
         ("--ema", "1", "must be at least 0 and below 1, got 1"),
-        ("--lr", "-1", "must be a number above 0, got -1"),
+        ("--lr", "-1", "must be a number, 0 or more, got -1"),
     ],
 )
 def test_impossible_numbers_are_refused_before_anything_starts(flag, value, must, capsys):

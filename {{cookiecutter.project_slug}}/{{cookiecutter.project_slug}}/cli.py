@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lr",
-        type=positive_number,
+        type=non_negative_number,  # (0: the weights stay as they are)
         help=f"learning rate for the global batch (not scaled for you; default {DEFAULT_LR}); a resumed run keeps "
         "its own unless another is given, and then trains at it from there on, the schedule continuing from it",
     )
