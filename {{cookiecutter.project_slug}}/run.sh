@@ -178,13 +178,14 @@ while kill -0 "$launcher" 2>/dev/null; do # the trap interrupted wait: wait for 
   wait "$launcher" || status=$?
 done
 if ((stopped)); then
-  tail -n 1 "$log_dir/workerlog.0" 2>/dev/null || true # where it stopped: the console stopped showing it
+  grep -h "stopped by SIGTERM" "$log_dir/workerlog.0" 2>/dev/null || true # the console stopped showing worker 0
 elif ((status != 0)); then
   show_worker_errors "$log_dir"
 fi
 # paddle's copies of the whole environment (access tokens too; the pod's *.log starts with one): not left in
-# outputs that get shared.
-rm -f "$log_dir"/envlog.* "$log_dir"/backup_env.* "$log_dir"/*.log
+# outputs that get shared. (backup_env.N.json stays: the workers of a job started next, waiting for this one's
+# output folder, read theirs as they start.)
+rm -f "$log_dir"/envlog.* "$log_dir"/*.log
 if [[ $RUN_SCRIPT == predict.py ]]; then
   rm -rf "$log_dir" # predict.sh's, in the temporary folder: what its workers said is on the console
 fi
