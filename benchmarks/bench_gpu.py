@@ -9,9 +9,13 @@ random data, in images per second of training:
 - folder      the baked project on a folder of generated PNG files (its own image reader), with its
               default workers and with --workers 0.
 The baked figures come from its metrics.jsonl (train_samples over epoch_time_s, epochs 2 and later; the
-validation set is small, so its pass costs little), the others from timing epochs the same way.
+validation set is small, so its pass costs little), the others from timing epochs the same way: the steady
+state, without the first epoch, which holds --compile's compiling; that time, the first step's, is given apart
+(the run's own log line).
 
-    python benchmarks/bench_gpu.py --project BAKED_PYTORCH_PROJECT [--epochs 5] [--samples 50000]
+    python benchmarks/bench_gpu.py --project BAKED_PYTORCH_PROJECT [--epochs 3] [--samples 20000]
+
+With its defaults it takes about 3 minutes on one H100, most of it the baked runs' start-up and compiling.
 
 A machine without cookiecutter (the GPU machine) takes a project baked elsewhere; without --project one is
 baked here. --device cpu --samples 512 runs the same code on a CPU, as a check of the benchmark itself.
@@ -20,6 +24,7 @@ It prints RESULTS.md's GPU section and writes its figures to benchmarks/results-
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -185,7 +190,9 @@ def image_folder(work: Path, samples: int) -> Path:
     return root
 
 
-def baked_run(project: Path, work: Path, name: str, epochs: int, samples: int, device: str, *args: str) -> dict:
+def baked_run(project: Path, *args: str, work: Path, name: str, epochs: int, samples: int, device: str) -> dict:
+    """The run's steady rate and data_wait (epochs 2 and later), its first log line, and its compile time when
+    it compiled."""
     output = work / f"out-{name}"
     shutil.rmtree(output, ignore_errors=True)
     env = dict(os.environ, NPROC_PER_NODE="1", BENCH_SAMPLES=str(samples))
@@ -195,11 +202,14 @@ def baked_run(project: Path, work: Path, name: str, epochs: int, samples: int, d
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    first_line = next(line for line in (output / "train.log").read_text().splitlines() if "process(es)" in line)
+    log = (output / "train.log").read_text().splitlines()
+    first_line = next(line for line in log if "process(es)" in line)
+    compiled = [line.split(" took ")[1].split(" s")[0] for line in log if "--compile: the first step took" in line]
     return {
         "images_per_s": statistics.median(row["train_samples"] / row["epoch_time_s"] for row in rows[1:]),
         "data_wait": statistics.median(row["data_wait"] for row in rows[1:]),
         "log": first_line.split(" ", 2)[2],
+        **({"compile_s": float(compiled[0])} if compiled else {}),
     }
 
 
@@ -225,8 +235,8 @@ process): the limit (a plain loop with the data already on the GPU, float16 auto
 tutorial loop (a DataLoader over a TensorDataset, no workers), the baked project's `run.sh` with its
 defaults and with `--compile` on in-memory data, and on a folder of generated PNG files with its default
 workers and with `--workers 0`. Goals: the baked defaults reach at least 0.9 of the limit on in-memory
-data and are not loader-bound on the image folder (`data_wait` under 0.5); `--compile` beats the eager
-limit.
+data and are not loader-bound on the image folder (`data_wait` under 0.5) but at the limit there too;
+`--compile` reaches at least 1.1 of the eager limit.
 """
 
 
@@ -245,24 +255,29 @@ def section(result: dict | None) -> list[str]:
         "",
         f"{info['device']}, {info['cores']} cores; torch {info['torch']}, CUDA {info['cuda']}, Python {info['python']}.",
         f"ResNet-18 (CIFAR variant), Adam, batch {BATCH}, one process, {result['samples']:,} samples,"
-        f" {result['epochs']} epochs; images per second of training, the median over epochs 2 and later.",
+        f" {result['epochs']} epochs; images per second of training, the median over epochs 2 and later (the"
+        " steady state); the compile time is the first training step's, compiling included, as the run logs it."
+        + (f" The benchmark took {result['wall_s']:.0f} s." if "wall_s" in result else ""),
         "",
-        "| run | images / s | of the limit | data_wait | the run's first log line |",
-        "|---|---|---|---|---|",
+        "| run | images / s | of the limit | data_wait | compile (s) | the run's first log line |",
+        "|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         wait = f"{row['data_wait']:.2f}" if "data_wait" in row else ""
+        compiled = f"{row['compile_s']:.1f}" if "compile_s" in row else ""
         lines.append(
-            f"| {name} | {row['images_per_s']:.0f} | {row['images_per_s'] / limit:.2f} | {wait} | {row.get('log', '')} |"
+            f"| {name} | {row['images_per_s']:.0f} | {row['images_per_s'] / limit:.2f} | {wait} | {compiled}"
+            f" | {row.get('log', '')} |"
         )
     lines += [
         "",
         f"- the baked defaults on in-memory data: {rows['baked']['images_per_s'] / limit:.2f} of the limit"
         f" {goal(rows['baked']['images_per_s'] >= 0.9 * limit)} (at least 0.9)",
         f"- the baked defaults on the image folder: data_wait {rows['folder']['data_wait']:.2f}"
-        f" {goal(rows['folder']['data_wait'] < 0.5)} (under 0.5)",
+        f" {goal(rows['folder']['data_wait'] < 0.5)} (under 0.5), and {rows['folder']['images_per_s'] / limit:.2f}"
+        f" of the limit {goal(rows['folder']['images_per_s'] >= limit)} (at least 1)",
         f"- `--compile`: {rows['baked --compile']['images_per_s'] / limit:.2f} of the eager limit"
-        f" {goal(rows['baked --compile']['images_per_s'] > limit)} (above 1)",
+        f" {goal(rows['baked --compile']['images_per_s'] >= 1.1 * limit)} (at least 1.1)",
         "",
     ]
     return lines
@@ -273,10 +288,11 @@ def main() -> None:
     parser.add_argument("--project", type=Path, help="a baked PyTorch project (default: bake one here)")
     parser.add_argument("--work", type=Path, default=HERE / "work-gpu")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=50_000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--out", type=Path, default=HERE / "results-gpu.json")
     args = parser.parse_args()
+    started = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.project is None:
         sys.path.insert(0, str(HERE))
@@ -288,17 +304,21 @@ def main() -> None:
     folder = image_folder(args.work, args.samples)
     folder_args = ("--data-dir", str(folder), "--image-size", "32", "--channels", "3")
 
-    rows = {
-        "limit": {"images_per_s": plain_loop(args.device, args.samples, args.epochs, data_on_device=True)},
-        "tutorial": {"images_per_s": plain_loop(args.device, args.samples, args.epochs, data_on_device=False)},
-        "baked": baked_run(memory, args.work, "baked", args.epochs, args.samples, args.device),
-        "baked --compile": baked_run(memory, args.work, "compile", args.epochs, args.samples, args.device, "--compile"),
-        "folder": baked_run(ported, args.work, "folder", args.epochs, args.samples, args.device, *folder_args),
-        "folder --workers 0": baked_run(
-            ported, args.work, "folder0", args.epochs, args.samples, args.device, *folder_args, "--workers", "0"
-        ),
+    baked = functools.partial(baked_run, work=args.work, epochs=args.epochs, samples=args.samples, device=args.device)
+    runs = {
+        "limit": lambda: {"images_per_s": plain_loop(args.device, args.samples, args.epochs, data_on_device=True)},
+        "tutorial": lambda: {"images_per_s": plain_loop(args.device, args.samples, args.epochs, data_on_device=False)},
+        "baked": lambda: baked(memory, name="baked"),
+        "baked --compile": lambda: baked(memory, "--compile", name="compile"),
+        "folder": lambda: baked(ported, *folder_args, name="folder"),
+        "folder --workers 0": lambda: baked(ported, *folder_args, "--workers", "0", name="folder0"),
     }
+    rows = {}
+    for name, run in runs.items():  # each figure as it comes: a run cut short still shows what it measured
+        rows[name] = run()
+        print(f"{name}: {rows[name]['images_per_s']:.0f} images/s ({time.perf_counter() - started:.0f} s)", flush=True)
     result = {"machine": machine(args.device), "samples": args.samples, "epochs": args.epochs, "rows": rows}
+    result["wall_s"] = time.perf_counter() - started
     args.out.write_text(json.dumps(result, indent=2))
     print("\n".join(section(result)))
 

@@ -2,6 +2,8 @@
 
 Everything trains in processes of its own, so that CUDA is never initialised in the pytest process (a forked
 rank of notebook.launch() could not use it after that). A run about the CPU hides CUDA from its process.
+The tier is short when its tests share runs: one ten-epoch GPU run and one CPU run answer several tests each,
+in one test process apiece under `pytest -n 4 --dist loadgroup` (their xdist_group), the other tests beside them.
 """
 
 import json
@@ -25,6 +27,7 @@ CHECKPOINT = "best.pt" if FRAMEWORK == "pytorch" else "best.pdparams"
 LAST = CHECKPOINT.replace("best", "last")
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NNODES", "NODE_RANK", "PADDLE_TRAINER_ID", "SLURM_NTASKS")
+READS_GPU_RUN, READS_CPU_RUN = pytest.mark.xdist_group("gpu-run"), pytest.mark.xdist_group("cpu-run")
 
 
 def environment(nproc: int = 1, **extra: str) -> dict:
@@ -68,9 +71,9 @@ def assert_same_metrics(on_gpu: dict, on_cpu: dict) -> None:
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory, project_root) -> Path:
-    """Three epochs with mixed precision on the GPU; its output folder."""
+    """Ten epochs with mixed precision on the GPU; its output folder."""
     output = tmp_path_factory.mktemp("gpu") / "output"
-    train(project_root, output, "--epochs", "3", "--device", "gpu", "--amp")
+    train(project_root, output, "--epochs", "10", "--device", "gpu", "--amp")
     return output
 
 
@@ -82,13 +85,10 @@ def cpu_run(tmp_path_factory, project_root) -> Path:
     return output
 
 
-def test_ten_epochs_with_mixed_precision_learn_better_than_the_first_epochs_best_metric(project_root, tmp_path):
-    output = tmp_path / "output"
-
-    train(project_root, output, "--epochs", "10", "--device", "gpu", "--amp")
-
-    assert "1 process(es) on gpu" in (output / "train.log").read_text()
-    rows = metrics(output)
+@READS_GPU_RUN
+def test_ten_epochs_with_mixed_precision_learn_better_than_the_first_epochs_best_metric(gpu_run):
+    assert "1 process(es) on gpu" in (gpu_run / "train.log").read_text()
+    rows = metrics(gpu_run)
     assert [row["epoch"] for row in rows] == list(range(1, 11))
     assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"]) for row in rows)
     first, *later = [row[f"val_{task.BEST_METRIC}"] for row in rows]
@@ -132,18 +132,20 @@ def test_sigterm_part_way_through_an_epoch_saves_and_the_same_command_finishes_e
     assert [row["epoch"] for row in metrics(output)] == [1, 2, 3]
 
 
+@READS_GPU_RUN
 def test_a_gpu_checkpoint_resumes_and_evaluates_on_the_cpu_as_on_the_gpu(gpu_run, project_root, tmp_path):
     resumed = tmp_path / "output"
     shutil.copytree(gpu_run, resumed)
 
-    train(project_root, resumed, "--epochs", "4", **CPU_ONLY)
+    train(project_root, resumed, "--epochs", "11", **CPU_ONLY)
 
-    assert [row["epoch"] for row in metrics(resumed)] == [1, 2, 3, 4]
+    assert [row["epoch"] for row in metrics(resumed)] == list(range(1, 12))
     on_gpu = evaluate(project_root, gpu_run / "checkpoints" / CHECKPOINT, tmp_path / "gpu" / "output")
     on_cpu = evaluate(project_root, gpu_run / "checkpoints" / CHECKPOINT, tmp_path / "cpu" / "output", **CPU_ONLY)
     assert_same_metrics(on_gpu, on_cpu)
 
 
+@READS_CPU_RUN
 def test_a_cpu_checkpoint_resumes_with_mixed_precision_and_evaluates_on_the_gpu(cpu_run, project_root, tmp_path):
     resumed = tmp_path / "output"
     shutil.copytree(cpu_run, resumed)
@@ -156,9 +158,12 @@ def test_a_cpu_checkpoint_resumes_with_mixed_precision_and_evaluates_on_the_gpu(
     assert_same_metrics(on_gpu, on_cpu)
 
 
-@pytest.mark.parametrize("direction", ["gpu-to-cpu", "cpu-to-gpu"])
-def test_init_from_a_checkpoint_of_the_other_device(direction, gpu_run, cpu_run, project_root, tmp_path):
-    source, env = (gpu_run, CPU_ONLY) if direction == "gpu-to-cpu" else (cpu_run, {})
+@pytest.mark.parametrize(
+    "source", [pytest.param("gpu_run", marks=READS_GPU_RUN), pytest.param("cpu_run", marks=READS_CPU_RUN)]
+)
+def test_init_from_a_checkpoint_of_the_other_device(source, request, project_root, tmp_path):
+    env = CPU_ONLY if source == "gpu_run" else {}
+    source = request.getfixturevalue(source)  # only the run this case reads
     output = tmp_path / "output"
 
     train(project_root, output, "--epochs", "1", "--init-from", str(source / "checkpoints" / LAST), **env)
@@ -256,21 +261,24 @@ def test_two_ranks_train_with_nccl_one_gpu_each(project_root, tmp_path):
 def test_each_mixed_precision_dtype_trains_and_evaluates_on_the_gpu(dtype, words, project_root, tmp_path):
     output = tmp_path / "output"
 
-    result = train(project_root, output, "--epochs", "2", "--device", "gpu", "--amp-dtype", dtype, check=False)
+    result = train(project_root, output, "--epochs", "1", "--device", "gpu", "--amp-dtype", dtype, check=False)
 
     if result.returncode == 0:
         assert words in (output / "train.log").read_text()
-        assert [row["epoch"] for row in metrics(output)] == [1, 2]
+        assert [row["epoch"] for row in metrics(output)] == [1]
     else:  # a GPU older than compute capability 8.0 has no native bfloat16: one line says so
         assert dtype == "bf16" and "error: --amp-dtype bf16: this GPU" in result.stderr
 
 
-def test_a_compiled_gpu_run_resumes_without_compile(project_root, tmp_path):
+def test_a_compiled_gpu_run_says_its_compile_time_and_resumes_without_compile(project_root, tmp_path):
     output = tmp_path / "output"
 
     train(project_root, output, "--epochs", "1", "--device", "gpu", "--compile")
+    compiled_log = (output / "train.log").read_text()
     train(project_root, output, "--epochs", "2", "--device", "gpu")
 
+    said = {"pytorch": "--compile: the first step took", "paddle": "--compile is PyTorch's"}[FRAMEWORK]
+    assert compiled_log.count(said) == 1
     assert [row["epoch"] for row in metrics(output)] == [1, 2]
 
 
