@@ -80,6 +80,18 @@ def test_a_loader_that_waits_on_storage_is_named_once_with_the_flag_to_raise(cap
     assert watch.data_wait > 0.9
 
 
+def test_a_first_step_that_compiles_for_long_does_not_hide_a_slow_loader(caplog, clock):
+    watch = LoaderWatch(workers=0, loader_cores=0, is_main=True)
+
+    with caplog.at_level(logging.WARNING):
+        for index in watch.batches(timed(clock, 0.01, busy=False)):
+            clock.wall += 30.0 if index == 0 else 0.001  # --compile's first step, then steps shorter than a read
+
+    [hint] = [record.getMessage() for record in caplog.records]
+    assert "training waits for its data 91 % of the time" in hint
+    assert watch.data_wait < 0.1  # the epoch's own figure keeps the whole epoch
+
+
 def test_a_gpu_process_whose_loader_computes_is_told_the_free_cores(caplog, clock):
     watch = LoaderWatch(workers=2, loader_cores=7, is_main=True)
 

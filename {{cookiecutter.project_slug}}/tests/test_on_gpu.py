@@ -291,7 +291,8 @@ def test_two_deterministic_gpu_runs_train_the_same_losses(project_root, tmp_path
 
 
 def test_a_gpu_run_that_waits_on_a_slow_disk_says_so_once(project_root, tmp_path):
-    project = copy_of_project(project_root, tmp_path / "project", data=SLOW_DATA)
+    # A disk slow enough that reading outweighs the GPU's steps, whatever else shares the GPU (the tier's tests do).
+    project = copy_of_project(project_root, tmp_path / "project", data=f"{SLOW_DATA}\nSAMPLE_READ_S = 0.008\n")
     output = tmp_path / "output"
 
     train(project, output, "--epochs", "1", "--device", "gpu", "--workers", "0")

@@ -310,6 +310,7 @@ class LoaderWatch:
 
     def start_epoch(self) -> None:
         self.started, self.wait, self.wait_cpu, self.steps = time.perf_counter(), 0.0, 0.0, 0
+        self.judged_from = (self.started, 0.0)  # the hint's window: its start, and the wait before it
 
     def batches(self, loader):
         """The loader's batches, each wait for one timed."""
@@ -329,6 +330,8 @@ class LoaderWatch:
         self.wait += seconds
         self.wait_cpu += cpu_seconds
         self.steps += 1
+        if self.steps == 2:  # the hint judges the loader from here: the first step compiles, autotunes and warms up
+            self.judged_from = (time.perf_counter() - seconds, self.wait - seconds)
         if self.steps == CHECK_AFTER_STEPS and not self.checked:
             self.checked = True
             hint = self.hint()
@@ -343,7 +346,9 @@ class LoaderWatch:
     def hint(self) -> str | None:
         """What to change when the loop waits on its loader more than on its model and more workers can help:
         there are cores to spare, or the loader waits on storage (it computes less than half the time it takes)."""
-        if self.data_wait <= 0.5:
+        since, waited_before = self.judged_from
+        share = (self.wait - waited_before) / max(time.perf_counter() - since, 1e-9)
+        if share <= 0.5:
             return None
         on_storage = self.workers == 0 and self.wait_cpu < 0.5 * self.wait
         if on_storage:
@@ -353,6 +358,6 @@ class LoaderWatch:
         else:
             return None
         return (
-            f"training waits for its data {100 * self.data_wait:.0f} % of the time with --workers {self.workers} "
+            f"training waits for its data {100 * share:.0f} % of the time with --workers {self.workers} "
             f"({why}): try --workers {more}"
         )
