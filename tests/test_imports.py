@@ -1,6 +1,9 @@
 """The baked project's house: imports go one way, down. No module imports one that stands above it, so none
 takes part in a circle; no module is over 400 lines, and there are no more modules than house.MAX_MODULES."""
 
+import subprocess
+import sys
+
 import pytest
 from conftest import answers_id, valid_answers
 from house import circles, house_problems, import_graph
@@ -31,3 +34,14 @@ def test_imports_go_one_way_down_in_few_modules_of_at_most_400_lines(bake, answe
     project = bake(**answers)
 
     assert house_problems(project) == ([], {}, 0)
+
+
+def test_the_pytorch_launcher_process_starts_without_fsdps_modules_which_take_seconds_to_import(bake):
+    project = bake(framework="pytorch", launcher="torchrun")
+    heavy = ("torch.distributed.fsdp", "torch.distributed.checkpoint", "sympy")  # 2.8 s of imports on an H100 host
+    script = f"import sys, dist_train.launcher\nprint([name for name in sys.modules if name.startswith({heavy!r})])"
+
+    result = subprocess.run([sys.executable, "-c", script], cwd=project, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

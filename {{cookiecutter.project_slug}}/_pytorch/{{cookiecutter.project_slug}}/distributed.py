@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from torch.distributed import TCPStore
 from torch.nn.parallel import DistributedDataParallel
 
-from . import errors, framework_probe, fsdp
+from . import errors, framework_probe
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
 from .hardware import wait_for_port
 from .roll_call import RollCall, die_with_parent
@@ -218,6 +218,8 @@ def wrap_model(
     FSDP2 (fsdp, hsdp: fsdp.py; by its `units`, model.py's FSDP_UNITS), then torch.compile()d with --compile (the
     order PyTorch documents).
     unwrap() gives the model back without DDP's and compile's wrappers (FSDP's shards stay)."""
+    from . import fsdp  # here: its imports take 2.8 s on an H100 host, and the launcher process needs none of it
+
     sharded = fsdp.shards(strategy, env.world_size)
     if strategy != "ddp" and not sharded:
         _log.info("--strategy %s on one process: the model is trained whole", strategy)
