@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import free_port, run_bash, run_sh
+from conftest import copy_of_project, free_port, run_bash, run_sh
 
 from {{ cookiecutter.project_slug }} import batches, cli, folds, inference, loaders, output_folder, seam, settings, task, workspace
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
@@ -227,6 +227,29 @@ def test_the_cv_score_pools_each_folds_best_validation_and_a_rerun_skips_the_fin
     again = run_sh(project_root, output, "--folds", "3", "--epochs", "2")
     assert again.count("is finished") == 3 and "epoch 1/2" not in again
     assert f"cv: oof_{best} {cv[f'oof_{best}']:.4f}" in again
+
+
+LAGGING_FILE_SYSTEM = """
+
+_finished = finished
+
+
+def finished(directory, fold):  # noqa: F811 - a test: a shared file system that shows rank 1 no finished fold yet
+    return _finished(directory, fold) and distributed.read_ranks()[0] != 1
+"""
+
+
+@pytest.mark.slow
+def test_ranks_that_see_the_finished_folds_differently_skip_and_score_them_as_rank_0_sees_them(
+    three_folds, project_root, tmp_path
+):
+    project = copy_of_project(project_root, tmp_path / "project", folds=LAGGING_FILE_SYSTEM)
+    output = tmp_path / "output"
+    shutil.copytree(three_folds[0], output, symlinks=True)
+
+    console = run_sh(project, output, "--folds", "3", "--epochs", "2", "--dist-timeout", "60")
+
+    assert console.count("is finished") == 3 and "epoch 1/2" not in console and "cv: oof_" in console
 
 
 def test_predict_takes_top_json_a_run_a_folds_folder_of_finished_folds_and_checkpoints_as_given(tmp_path):

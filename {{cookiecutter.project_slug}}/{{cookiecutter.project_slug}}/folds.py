@@ -61,14 +61,14 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
     folder."""
     if args.fold != "all":
         train_one(args)
-        if args.folds and all(finished(args.folds_dir, fold) for fold in range(args.folds)):
+        if args.folds and len(_finished_folds(args.folds_dir, args.folds)) == args.folds:
             _score(args.folds_dir, env, task, logs.setup_logging(args.folds_dir, env.rank))  # a fold trained again
         return
     log = logs.setup_logging(args.folds_dir, env.rank)
     split_file = Path(args.folds_dir) / FOLDS_CSV
     if split_file.is_file():  # the split asked for, before any fold is said finished
         _check_count(split_file, _fold_count(split_file), args.folds)
-    left = [fold for fold in range(args.folds) if not finished(args.folds_dir, fold)]
+    left = sorted(set(range(args.folds)) - _finished_folds(args.folds_dir, args.folds))
     for fold in sorted(set(range(args.folds)) - set(left)):
         log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,
                  args.folds, Path(fold_dir(args.folds_dir, fold), OOF), fold)  # fmt: skip
@@ -85,6 +85,12 @@ def _score(directory, env, task: Task, log) -> None:
     if env.is_main:
         log.info(cross_validate(directory, task))
     distributed.barrier()
+
+
+def _finished_folds(directory: str | Path, folds: int) -> set[int]:
+    """The finished folds as rank 0 sees them: every rank then trains and scores the same folds, whatever a shared
+    file system that lags shows the others."""
+    return distributed.share_from_main({fold for fold in range(folds) if finished(directory, fold)}, "rank 0's folds")
 
 
 def finished(directory: str | Path, fold: int) -> bool:
@@ -190,7 +196,7 @@ def predict_out_of_fold(
     """A finished fold (its last epoch, or an early stop): its best checkpoint's out-of-fold predictions and
     validation contributions, through the gathered validation (each sample once, on any number of processes);
     again where this run `trained` a finished fold on (--fold K with a larger --epochs)."""
-    if args.folds is None or finished(args.folds_dir, args.fold) and not trained:
+    if args.folds is None or args.fold in _finished_folds(args.folds_dir, args.folds) and not trained:
         return
     checkpoints.load_best()
     with checkpoints.ema.swapped():  # (--ema: the averaged weights, as validation used them)
