@@ -180,7 +180,7 @@ def image_folder(work: Path, samples: int) -> Path:
     """train/ and val/ of CIFAR-sized random PNG files, in 10 class folders."""
     from PIL import Image
 
-    root = work / "images"
+    root = work / f"images-{samples}"
     if (root / "done").exists():
         return root
     rng = np.random.default_rng(0)
@@ -226,27 +226,30 @@ def machine(device: str) -> dict:
     }
 
 
-NOT_MEASURED = """## 7. GPU (`bench_gpu.py`): not measured yet
+NOT_MEASURED = """## 7. GPU (`bench_gpu.py`): no results-gpu.json
 
-No GPU was at hand where this file was written, so this section holds no figure, and the goals below are
-neither met nor missed yet. The benchmark runs where a GPU is (`python benchmarks/bench_gpu.py --project
-<a baked PyTorch project>`; a GPU machine without cookiecutter takes a project baked elsewhere); it writes
-`benchmarks/results-gpu.json`, which the next `make bench` turns into this section.
+No `benchmarks/results-gpu.json` was at hand where this file was written, so this section has no table, and
+its goals are neither met nor missed by one; the dated notes below say what GPU stays saw. The benchmark runs
+where a GPU is (`python benchmarks/bench_gpu.py --project <a baked PyTorch project>`; a GPU machine without
+cookiecutter takes a project baked elsewhere); it writes `benchmarks/results-gpu.json`, which the next `make
+bench` turns into this section.
 
 What it measures, in images per second of training (ResNet-18, CIFAR variant, Adam, batch 128, one
 process): the limit (a plain loop with the data already on the GPU, float16 autocast, eager), the
 tutorial loop (a DataLoader over a TensorDataset, no workers), the baked project's `run.sh` with its
 defaults and with `--compile` on in-memory data, and on a folder of generated PNG files with its default
-workers and with `--workers 0`. Goals: the baked defaults reach at least 0.9 of the limit on in-memory
-data and are not loader-bound on the image folder (`data_wait` under 0.5) but at the limit there too;
-`--compile` reaches at least 1.1 of the eager limit.
+workers (and with `--workers 0`, with `--workers-0`); then the limit again. Goals: the baked defaults reach
+at least 0.9 of the limit on in-memory data and are not loader-bound on the image folder (`data_wait` under
+0.5) but at the limit there too; `--compile` reaches at least 1.1 of the eager limit.
 """
+NOTES = HERE / "gpu-notes.md"  # dated notes of GPU stays, kept by hand: section 7 ends with them
 
 
-def section(result: dict | None) -> list[str]:
-    """The GPU section of RESULTS.md, from bench_gpu.py's results (None: not measured)."""
+def section(result: dict | None, notes: str = "") -> list[str]:
+    """The GPU section of RESULTS.md, from bench_gpu.py's results (None: not measured), ending with `notes`."""
+    notes_lines = notes.strip().splitlines() + [""] if notes.strip() else []
     if result is None:
-        return NOT_MEASURED.splitlines() + [""]
+        return NOT_MEASURED.splitlines() + [""] + notes_lines
     rows, info = result["rows"], result["machine"]
     limit = rows["limit"]["images_per_s"]
 
@@ -295,7 +298,7 @@ def section(result: dict | None) -> list[str]:
     missing = [name for name in expected if name not in rows]
     if missing:
         lines.append(f"- not measured (the run was cut short): {', '.join(missing)}")
-    return lines + [""]
+    return lines + [""] + notes_lines
 
 
 def main() -> None:

@@ -260,7 +260,7 @@ def write_results(
         f"its wait exceeds the write by {1000 * (checkpoint['rank1_wait_s']['median'] - checkpoint['rank0_write_s']['median']):.0f} ms"
         " (median), the gather and the collective themselves.",
         "",
-        *bench_gpu.section(gpu),
+        *bench_gpu.section(gpu, bench_gpu.NOTES.read_text() if bench_gpu.NOTES.exists() else ""),
         *bench_predict.section(predict),
         *bench_scale.section(scale),
         *bench_ema.section(ema),
