@@ -570,8 +570,11 @@ def test_ctrl_c_ends_the_job_in_one_line_saying_how_to_go_on_and_the_same_comman
     project, output = bake(**answers), tmp_path / "output"
     args = ["bash", "run.sh", "--epochs", "3", "--output-dir", str(output)]
     env = tool_env(NPROC_PER_NODE="2", MASTER_PORT=str(free_port()))
+    # As from a terminal, Ctrl-C's default action: a suite started in the background (`pytest &`) hands its
+    # processes SIGINT ignored, and Python then keeps it ignored.
     job = subprocess.Popen(args, cwd=project, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                           stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 120
     while not ((output / "metrics.jsonl").exists() and (output / "metrics.jsonl").read_text(encoding="utf-8")):
         assert job.poll() is None and time.monotonic() < deadline, "the job ended before its first epoch's end"
