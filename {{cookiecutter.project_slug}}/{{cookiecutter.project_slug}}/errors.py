@@ -173,7 +173,9 @@ def said_once_per_machine():
         yield Path(folder)
     except KeyboardInterrupt:
         for child in multiprocessing.active_children():  # (spawn's ranks; each says it once, as train_or_explain())
-            child.join()
+            child.join(timeout=10)
+            if child.is_alive():  # held in a collective by a rank that left: it would wait --dist-timeout
+                child.kill()
         sys.exit(INTERRUPTED_STATUS)
     finally:
         os.environ.pop(SAID, None)
