@@ -68,8 +68,9 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
     split_file = Path(args.folds_dir) / FOLDS_CSV
     if split_file.is_file():  # the split asked for, before any fold is said finished
         _check_count(split_file, _fold_count(split_file), args.folds)
-    left = sorted(set(range(args.folds)) - _finished_folds(args.folds_dir, args.folds))
-    for fold in sorted(set(range(args.folds)) - set(left)):
+    done = _finished_folds(args.folds_dir, args.folds)
+    left = [fold for fold in range(args.folds) if fold not in done]
+    for fold in sorted(done):
         log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,
                  args.folds, Path(fold_dir(args.folds_dir, fold), OOF), fold)  # fmt: skip
     for fold in left:
