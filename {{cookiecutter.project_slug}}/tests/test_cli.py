@@ -92,7 +92,7 @@ def test_a_sample_submission_that_is_not_a_file_is_one_line_before_anything_is_p
     assert line.startswith("error: argument --sample-submission: ") and says in line
 
 
-def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(project_root, tmp_path):
+def test_a_flag_run_py_does_not_know_is_one_line_naming_it_and_the_nearest_through_run_sh_too(project_root, tmp_path):
     result = subprocess.run(
         ["bash", "run.sh", "--learning-rate", "0.1", "--output-dir", str(tmp_path / "out")],
         cwd=project_root, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]),
@@ -101,9 +101,23 @@ def test_a_flag_run_py_does_not_know_is_one_line_naming_it_through_run_sh_too(pr
 
     assert result.returncode == 2
     assert (result.stdout + result.stderr).splitlines() == [
-        "error: unrecognized arguments: --learning-rate 0.1 (run.py --help lists the flags)"
+        "error: unrecognized arguments: --learning-rate 0.1 (the nearest: --lr) (run.py --help lists the flags)"
     ]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flag, nearest",
+    [("--num_workers=2", "--workers"), ("--max-epochs", "--epochs"), ("--batch-sise", "--batch-size"), ("--zzz", None)],
+)
+def test_an_unknown_flag_names_the_nearest_by_spelling_or_by_what_other_trainers_call_it(capsys, flag, nearest):
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args([flag, "3"])
+
+    assert stop.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: unrecognized arguments: {flag}")
+    assert (f"(the nearest: {nearest})" in line) if nearest else "nearest" not in line
 
 
 def test_model_options_are_read_as_python_numbers_bools_and_none_or_else_as_text():

@@ -86,6 +86,7 @@ def test_a_key_that_is_no_option_is_one_line_naming_the_nearest_of_every_option_
         ("epochs: 3\nepochs: 4\n", "epochs is given twice"),
         ("batch-size: 3\nbatch_size: 4\n", "batch_size is given twice"),
         ("EPOCHS: 3\n", "(the nearest: epochs)"),
+        ("learning_rate: 0.1\n", "(the nearest: lr)"),
         ("fold: 1\n", "--fold needs --folds K"),  # checked after parsing, a value of the file's all the same
     ],
 )

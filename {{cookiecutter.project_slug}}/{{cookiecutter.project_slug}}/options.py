@@ -198,21 +198,42 @@ def read_config(parser: argparse.ArgumentParser, file: str) -> list[tuple[argpar
         parser.error(
             f"--config {file}: must map option names to values (epochs: 10), not hold a {type(values).__name__}"
         )
-    actions = {_dashed(name): action for name, action in _long_options(parser).items()}
+    actions = {_dashed(name): action for name, action in long_options(parser).items()}
     found, seen = [], set()
     for key, value in values.items():
         name = _dashed(str(key))
         if name == "config":
             parser.error(f"--config {file}: a config file cannot name another")
         if name not in actions:
-            nearest = difflib.get_close_matches(name.lower(), [option for option in actions if option != "config"], n=1)
-            parser.error(f"--config {file}: {key} is no option" + (f" (the nearest: {nearest[0]})" if nearest else ""))
+            close = nearest(name, [option for option in actions if option != "config"])
+            parser.error(f"--config {file}: {key} is no option" + (f" (the nearest: {close})" if close else ""))
         if actions[name].dest in seen:
             parser.error(f"--config {file}: {key} is given twice (as dashes and as underscores)")
         seen.add(actions[name].dest)
         if value is not None:
             found.append((actions[name], name, value))
     return found
+
+
+# What other trainers (Hugging Face's Trainer, Lightning, timm) call options this project names otherwise.
+OTHER_NAMES = {
+    "learning-rate": "lr",
+    "num-epochs": "epochs",
+    "num-train-epochs": "epochs",
+    "max-epochs": "epochs",
+    "num-workers": "workers",
+    "gradient-accumulation-steps": "grad-accum",
+    "accumulate-grad-batches": "grad-accum",
+    "output": "output-dir",
+}
+
+
+def nearest(name: str, names: list[str]) -> str | None:
+    """The option of `names` (long names, no dashes) that an unknown `name` most likely meant, or None."""
+    name = _dashed(name.lstrip("-").lower())
+    if OTHER_NAMES.get(name) in names:
+        return OTHER_NAMES[name]
+    return next(iter(difflib.get_close_matches(name, names, n=1)), None)
 
 
 def _dashed(name: str) -> str:
@@ -259,7 +280,7 @@ def _as_flags(parser, file: str, action: argparse.Action, name: str, value) -> l
     return [flag, text]
 
 
-def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+def long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """The parser's options by their long names, without the dashes: {"batch-size": its action, ...}."""
     return {
         option[2:]: action
@@ -283,7 +304,7 @@ def as_given(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """The options of `args` as parsed, before anything is derived from them, by their long names: what
     config.yaml records (paths absolute: --config reads relative ones from the file's folder)."""
     recorded, seen = {}, set(NOT_RECORDED)
-    for name, action in _long_options(parser).items():
+    for name, action in long_options(parser).items():
         if action.dest in seen:  # (--no-tracking: --tracking's)
             continue
         seen.add(action.dest)
