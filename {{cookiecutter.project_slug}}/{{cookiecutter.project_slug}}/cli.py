@@ -40,10 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         where = f" {self.source}" if self.source else ""
-        hint = ""
-        if message.startswith("unrecognized arguments: --"):  # argparse's, for the first flag it does not know
-            close = options.nearest(message.split()[2].split("=")[0], list(options.long_options(self)))
-            hint = f" (the nearest: --{close})" if close else ""
+        hint = options.nearest_to_unknown(message, self)
         self.exit(2, f"error: {message}{where}{hint} ({self.prog} --help lists the flags)\n")
 
 

@@ -236,6 +236,14 @@ def nearest(name: str, names: list[str]) -> str | None:
     return next(iter(difflib.get_close_matches(name, names, n=1)), None)
 
 
+def nearest_to_unknown(message: str, parser: argparse.ArgumentParser) -> str:
+    """` (the nearest: --lr)` for argparse's error on flags it does not know (the first of them); else ""."""
+    if not message.startswith("unrecognized arguments: --"):
+        return ""
+    close = nearest(message.split()[2].split("=")[0], list(long_options(parser)))
+    return f" (the nearest: --{close})" if close else ""
+
+
 def _dashed(name: str) -> str:
     return name.replace("_", "-")
 
