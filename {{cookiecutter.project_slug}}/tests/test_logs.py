@@ -33,6 +33,26 @@ def test_a_line_torn_by_a_crash_is_dropped_instead_of_blocking_the_resume(tmp_pa
     assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2, 3]
 
 
+def strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is no JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_metric_that_is_not_a_number_is_null_in_metrics_jsonl_and_eval_json_which_stay_strict_json(tmp_path):
+    val_stats = {"loss": 0.5, "auc": float("nan"), "acc": float("inf"), "samples": 8}  # a validation set of one class
+    logs.MetricsLog(tmp_path / "metrics.jsonl", True, 1, 0).report(
+        1, {"loss": 0.7, "samples": 32, "data_wait": 0.0, "lr": 0.1}, val_stats, 0.0
+    )
+    logs.report_evaluation(tmp_path, val_stats, True, "best.pt")
+
+    [row] = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluation = strict_json((tmp_path / "eval.json").read_text())
+    assert row["val_loss"] == 0.5 and row["val_auc"] is None and row["val_acc"] is None
+    assert evaluation["val_auc"] is None and evaluation["val_samples"] == 8
+
+
 def test_the_error_line_that_ends_a_run_is_in_its_train_log_too_not_only_on_the_console(tmp_path, capsys):
     logs.setup_logging(tmp_path, rank=0)
 

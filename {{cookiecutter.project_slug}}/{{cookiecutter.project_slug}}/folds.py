@@ -9,7 +9,6 @@ sample per stratum. The ids of folds.csv are data.py's: a CSV's id column, else 
 
 import argparse
 import csv
-import json
 import logging
 import os
 from pathlib import Path
@@ -300,7 +299,7 @@ def cross_validate(directory: str | Path, task: Task) -> str:
     results |= {"folds": folds, f"fold_{best}": values, f"fold_{best}_mean": mean, f"fold_{best}_std": std}
     _write_pooled_rows(directory, folds)
     temporary = directory / f".{CV}.tmp"
-    temporary.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    temporary.write_text(logs.json_text(results, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, directory / CV)
     oof = results[f"oof_{best}"]
     return f"cv: oof_{best} {oof:.4f}; folds {mean:.4f} +- {std:.4f} ({folds} folds)"

@@ -155,7 +155,7 @@ def report_evaluation(output_dir: Path, val_stats: dict, is_main: bool, checkpoi
         path = Path(output_dir) / "eval.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        temporary.write_text(json_text(record, indent=1) + "\n", encoding="utf-8")
         temporary.replace(path)
     numbers = _numbers(
         {name: value for name, value in record.items() if name.startswith("val_") and name != "val_samples"}
@@ -165,7 +165,21 @@ def report_evaluation(output_dir: Path, val_stats: dict, is_main: bool, checkpoi
 
 def append_metrics(path: Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as file:
-        file.write(json.dumps(record) + "\n")
+        file.write(json_text(record) + "\n")
+
+
+def json_text(record: dict, indent: int | None = None) -> str:
+    """The record as JSON, a number that is not finite (an AUC of a validation set with one class: nan) as null:
+    JSON has no NaN, and jq, JavaScript or a JSON schema refuse a file that holds one."""
+
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        return [finite(item) for item in value] if isinstance(value, list | tuple) else value
+
+    return json.dumps(finite(record), indent=indent, allow_nan=False)
 
 
 def drop_metrics_after(path: Path, epoch: int) -> None:
