@@ -495,5 +495,6 @@ def test_ai_studio_trains_from_a_workspace_dataset_path_into_the_workspace_outpu
     # The workers' logs, and the backups they read as they start: not paddle's envlog.N and the pod's log.
     left = {path.name for path in (workspace / "output" / "launch-logs").iterdir()}
     assert left == {"workerlog.0", "workerlog.1", "backup_env.0.json", "backup_env.1.json"}
+    assert (workspace / "output" / "launch-logs").stat().st_mode & 0o777 == 0o700  # the backups: for this user only
     assert (dataset / "digits" / "train").is_dir()
     assert not (project / "output").exists()

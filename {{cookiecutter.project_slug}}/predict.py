@@ -6,7 +6,6 @@ NPROC_PER_NODE=2 bash predict.sh ...    the same, on this machine's processes: e
 What an input is, a prediction, and the file written: data.build_predict_set() and task.py.
 """
 
-import shutil
 from functools import partial
 
 import numpy as np
@@ -30,8 +29,8 @@ def predict(args) -> None:
         averaged = len(checkpoints) > 1 or args.tta  # an ensemble, or test-time views: outputs averaged
         if averaged:
             task.check_averaging(len(checkpoints), args.tta)
-        source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank)
-        if extracted is not None:  # every process past the extraction before any may end, removing it (finally)
+        source, extracted = submission.input_path(args.input, args.archive_max_gb, env.local_rank, env.rank)
+        if extracted is not None:  # every process past the extraction before any may end, leaving it (finally)
             distributed.barrier("every process's extraction of --input")
         total, description = None, None
         for checkpoint in checkpoints:
@@ -74,8 +73,7 @@ def predict(args) -> None:
         if problem:
             raise UserError(problem, shown=env.local_rank == 0)
     finally:
-        if extracted is not None and env.local_rank == 0:  # (each machine extracted its own; on an error too)
-            shutil.rmtree(extracted, ignore_errors=True)
+        submission.leave_input(extracted, env.rank)  # (each machine extracted its own; on an error too)
         distributed.cleanup()
 
 

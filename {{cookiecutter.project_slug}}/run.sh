@@ -165,6 +165,8 @@ show_worker_errors() {
   done
 }
 
+# paddle writes its copies of the whole environment (access tokens too) there while the job runs: this user's only.
+mkdir -p "$log_dir" && chmod 700 "$log_dir"
 rm -f "$log_dir"/workerlog.* # launcher.py takes a new workerlog.0 as the sign that every machine joined
 "${command[@]}" &
 launcher=$!

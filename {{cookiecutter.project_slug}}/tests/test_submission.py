@@ -2,13 +2,22 @@
 followed, its extra columns filled or refused in one line, masks run-length encoded."""
 
 import argparse
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from {{ cookiecutter.project_slug }}.errors import UserError
-from {{ cookiecutter.project_slug }}.submission import check_apart, image_ids, read_besides, rle_encode, write_csv
+from {{ cookiecutter.project_slug }}.submission import (
+    check_apart,
+    image_ids,
+    input_path,
+    leave_input,
+    read_besides,
+    rle_encode,
+    write_csv,
+)  # fmt: skip
 
 IMAGES = ["a/cat.png", "b/dog.jpg", "b/fox.png"]
 
@@ -128,3 +137,18 @@ def test_run_length_pairs_number_pixels_from_1_down_each_column_unless_row_order
     assert rle_encode(mask) == "1 2 5 2"
     assert rle_encode(mask, "row") == "1 1 3 2 6 1"
     assert rle_encode(np.zeros((2, 3))) == "" and rle_encode(np.ones((2, 3)), "row") == "1 6"
+
+
+def test_an_extracted_input_stays_until_the_last_process_of_the_machine_leaves_it_even_after_an_error(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where predict.py extracts the archive
+    (tmp_path / "tmp").mkdir()
+    with zipfile.ZipFile(tmp_path / "test.zip", "w") as archive:
+        archive.writestr("test/a.png", b"an image")
+    (source, extracted), (again, _) = [input_path(str(tmp_path / "test.zip"), 1.0, rank, rank) for rank in (0, 1)]
+
+    leave_input(extracted, 0)  # rank 0 ended first (an error of its own): rank 1 may still be reading
+    assert again == source and (source / "a.png").read_bytes() == b"an image"
+    leave_input(extracted, 1)
+    assert not list((tmp_path / "tmp").iterdir())

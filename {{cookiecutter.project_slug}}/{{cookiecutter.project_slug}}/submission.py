@@ -5,6 +5,7 @@ import csv
 import functools
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
@@ -22,10 +23,10 @@ MASK_HEADER = ["id", "class", "rle"]
 RLE_ORDERS = {"column": "F", "row": "C"}
 
 
-def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | None]:
+def input_path(path: str, max_gb: float, local_rank: int, rank: int) -> tuple[Path, Path | None]:
     """What to predict: a file or folder as given (a folder's lone top folder unwrapped), or the folder an
     archive was extracted into; and that temporary folder (None without an archive). The processes of a
-    machine share one extraction."""
+    machine share one extraction, which each one uses until leave_input()."""
     source = Path(path)
     if source.is_dir():
         return archive.dataset_root(source), None
@@ -38,7 +39,25 @@ def input_path(path: str, max_gb: float, local_rank: int) -> tuple[Path, Path | 
     archive.ensure_extracted(
         source, target, max_bytes=max_gb * 1e9, show_progress=archive.show_progress_here(local_rank)
     )
+    _users(target).mkdir(exist_ok=True)
+    (_users(target) / str(rank)).touch()
     return archive.dataset_root(target), target
+
+
+def leave_input(extracted: Path | None, rank: int) -> None:
+    """This process is done with input_path()'s extraction: the last of the machine's processes to leave, whether
+    it ended well or not, removes it (one that ended first, on an error, leaves it to the others still reading)."""
+    if extracted is None:
+        return
+    (_users(extracted) / str(rank)).unlink(missing_ok=True)
+    if not any(_users(extracted).iterdir()):  # (two leaving together may both remove it)
+        shutil.rmtree(extracted, ignore_errors=True)
+        shutil.rmtree(_users(extracted), ignore_errors=True)
+
+
+def _users(extracted: Path) -> Path:
+    """The processes using an extraction, a file each: beside it, not in what is predicted."""
+    return extracted.with_name(f"{extracted.name}.users")
 
 
 def check_apart(input: str, output: str | None, read: dict[str, str] | None = None) -> None:
