@@ -81,12 +81,19 @@ def per_input(inputs, args, env, on_batch) -> list:
     """on_batch(batch)'s results, one per input, in the inputs' order: whole batches dealt to the processes (each
     input's batch, so its result, is the same on any number), gathered on every process."""
     loader = loaders.predict_loader(inputs, args.batch_size, args.workers, env)
-    mine = []
-    batches = logs.progress_bar(loader, env.is_main, "predict")
-    for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
-        mine += zip(loader.batch_sampler.indices(number), on_batch(batch), strict=True)
-    gathered = (part for rank in distributed.all_gather_object(mine) for part in rank)
-    return [result for _, result in sorted(gathered, key=lambda part: part[0])]
+    mine, problem = [], None
+    try:
+        batches = logs.progress_bar(loader, env.is_main, "predict")
+        for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
+            mine += zip(loader.batch_sampler.indices(number), on_batch(batch), strict=True)
+    except UserError as error:  # (an input of this process's that cannot be read): said after the gather, once
+        problem = str(error)  # a process that ended here would leave the others waiting in the gather
+    gathered = distributed.all_gather_object((mine, problem))
+    said = next((problem for _, problem in gathered if problem), None)
+    if said:
+        raise UserError(said, shown=env.local_rank == 0)
+    parts = (part for rank_parts, _ in gathered for part in rank_parts)
+    return [result for _, result in sorted(parts, key=lambda part: part[0])]
 
 
 if __name__ == "__main__":

@@ -170,6 +170,27 @@ def test_two_processes_failing_right_after_extracting_say_one_line_and_leave_not
     assert not list((tmp_path / "tmp").glob("predict-*"))  # the extraction, and paddle's launcher logs
 
 
+@pytest.mark.parametrize("broken", ["x-000.png", "x-001.png"])  # one in each process's share
+def test_an_image_one_process_cannot_read_is_one_error_line_from_the_job_and_no_traceback(
+    project_root, checkpoint, tmp_path, broken
+):
+    folder = write_image_folder(tmp_path / "test", ["x"], per_class=2) / "x"
+    (folder / broken).write_bytes(b"not an image")
+
+    result = run(
+        ["bash", "predict.sh", "--checkpoint", str(checkpoint), "--input", str(folder), "--batch-size", "1",
+         "--output", str(tmp_path / "submission.csv")],
+        project_root, nproc=2, check=False,
+    )  # fmt: skip
+
+    said = result.stdout + result.stderr
+    errors = [line for line in said.splitlines() if "error:" in line]
+    assert result.returncode == 1
+    assert len(errors) == 1 and errors[0].startswith(f"error: image {folder / broken} cannot be read"), said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    assert not (tmp_path / "submission.csv").exists()
+
+
 def test_a_folder_of_images_is_read_where_it_is_its_lone_top_folder_unwrapped(project_root, checkpoint, tmp_path):
     folder = write_image_folder(tmp_path / "test" / "images", ["a", "b"], per_class=3)
     shutil.copyfile(folder / "a" / "a-000.png", folder / "._a-000.png")  # a resource fork: junk
