@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import errors, logs
+from {{ cookiecutter.project_slug }} import errors, logs, settings
 
 
 def write_epochs(path, epochs):
@@ -31,6 +31,19 @@ def test_a_line_torn_by_a_crash_is_dropped_instead_of_blocking_the_resume(tmp_pa
     write_epochs(path, [3])
 
     assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_each_log_starts_with_the_template_version_and_the_console_says_it_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(logs, "_VERSION_ON_CONSOLE", [])  # a new process
+    for folder in ("run", "run/fold-0", "run/fold-1"):  # a run of --folds sets up each fold's log in turn
+        logs.setup_logging(tmp_path / folder, 0)
+    for handler in logs.PACKAGE_LOGGER.handlers:
+        handler.close()
+
+    version = f"dist-template {settings.TEMPLATE_VERSION}"
+    assert capsys.readouterr().out.count(version) == 1
+    for folder in ("run", "run/fold-0", "run/fold-1"):
+        assert (tmp_path / folder / "train.log").read_text().splitlines()[0].endswith(version)
 
 
 def strict_json(text: str):

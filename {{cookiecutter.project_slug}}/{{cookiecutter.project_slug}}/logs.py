@@ -16,6 +16,7 @@ from . import hardware, settings
 from .errors import UserError
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
+_VERSION_ON_CONSOLE = []  # (not empty once this process's console has the version line)
 
 
 def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
@@ -38,8 +39,13 @@ def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
         PACKAGE_LOGGER.addHandler(handler)
     PACKAGE_LOGGER.setLevel(logging.INFO)
     PACKAGE_LOGGER.propagate = False
-    if output_dir is not None:  # a run's first line: which template version it runs (README: later changes)
-        PACKAGE_LOGGER.info("%s: dist-template %s", __package__, settings.TEMPLATE_VERSION)
+    if output_dir is not None:  # a log's first line: which template version it runs (README: later changes)
+        line = PACKAGE_LOGGER.makeRecord(__package__, logging.INFO, __file__, 0, "%s: dist-template %s",
+                                         (__package__, settings.TEMPLATE_VERSION), None)  # fmt: skip
+        for handler in handlers:  # the console's once (a run of --folds sets up each fold's log)
+            if isinstance(handler, logging.FileHandler) or not _VERSION_ON_CONSOLE:
+                handler.handle(line)
+        _VERSION_ON_CONSOLE.append(True)
     return PACKAGE_LOGGER
 
 
