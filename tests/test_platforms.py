@@ -496,5 +496,9 @@ def test_ai_studio_trains_from_a_workspace_dataset_path_into_the_workspace_outpu
     left = {path.name for path in (workspace / "output" / "launch-logs").iterdir()}
     assert left == {"workerlog.0", "workerlog.1", "backup_env.0.json", "backup_env.1.json"}
     assert (workspace / "output" / "launch-logs").stat().st_mode & 0o777 == 0o700  # the backups: for this user only
+    # paddle's ports: none that the kernel may give an outgoing connection before the worker binds it.
+    backup = json.loads((workspace / "output" / "launch-logs" / "backup_env.0.json").read_text(encoding="utf-8"))
+    first_outgoing = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert int(backup["PADDLE_MASTER"].rsplit(":", 1)[1]) < first_outgoing
     assert (dataset / "digits" / "train").is_dir()
     assert not (project / "output").exists()

@@ -113,6 +113,12 @@ command=("$PYTHON" "$RUN_SCRIPT" "$@")
 # (launch-logs/nodeR on several machines; predict.py's: in the temporary folder), overwritten by every run.
 log_dir="$LAUNCH_LOGS"
 launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
+# paddle picks its free ports in PORT_RANGE (35100:64000 by default), among those the kernel gives outgoing
+# connections: one may take a picked port before the worker binds it, and paddle aborts in C++. Pick below those.
+read -r first_outgoing _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || first_outgoing=32768
+if ((first_outgoing > 21000)); then
+  export PORT_RANGE=${PORT_RANGE:-20000:$((first_outgoing - 1))}
+fi
 {%- if cookiecutter.nodes == "multi" %}
 if ((NNODES > 1)); then
   # (Simulating machines on one, start machine 0 first or together: there any of them may host the master.)
