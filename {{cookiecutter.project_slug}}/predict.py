@@ -86,12 +86,14 @@ def per_input(inputs, args, env, on_batch) -> list:
         batches = logs.progress_bar(loader, env.is_main, "predict")
         for number, batch in zip(loader.batch_sampler.numbers, batches, strict=True):
             mine += zip(loader.batch_sampler.indices(number), on_batch(batch), strict=True)
-    except UserError as error:  # (an input of this process's that cannot be read): said after the gather, once
-        problem = str(error)  # a process that ended here would leave the others waiting in the gather
-    gathered = distributed.all_gather_object((mine, problem))
-    said = next((problem for _, problem in gathered if problem), None)
-    if said:
-        raise UserError(said, shown=env.local_rank == 0)
+    except UserError as error:  # (an input of this process's that cannot be read): raised after the gather
+        problem = error  # a process that ended here would leave the others waiting in the gather
+    gathered = distributed.all_gather_object((mine, str(problem) if problem else None))
+    if problem:
+        raise problem  # (with the user's frames where task.py raised it)
+    said = next((said for _, said in gathered if said), None)
+    if said:  # another process's error, said by it
+        raise UserError(said, shown=False)
     parts = (part for rank_parts, _ in gathered for part in rank_parts)
     return [result for _, result in sorted(parts, key=lambda part: part[0])]
 
