@@ -115,7 +115,7 @@ log_dir="$LAUNCH_LOGS"
 launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
 # paddle picks its free ports in PORT_RANGE (35100:64000 by default), among those the kernel gives outgoing
 # connections: one may take a picked port before the worker binds it, and paddle aborts in C++. Pick below those.
-read -r first_outgoing _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || first_outgoing=32768
+read -r first_outgoing _ 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || first_outgoing=32768
 if ((first_outgoing > 21000)); then
   export PORT_RANGE=${PORT_RANGE:-20000:$((first_outgoing - 1))}
 fi
