@@ -91,9 +91,9 @@ def per_input(inputs, args, env, on_batch) -> list:
     gathered = distributed.all_gather_object((mine, str(problem) if problem else None))
     if problem:
         raise problem  # (with the user's frames where task.py raised it)
-    said = next((said for _, said in gathered if said), None)
-    if said:  # another process's error, said by it
-        raise UserError(said, shown=False)
+    others = next((error for _, error in gathered if error), None)
+    if others:  # another process's error, said by it
+        raise UserError(others, shown=False)
     parts = (part for rank_parts, _ in gathered for part in rank_parts)
     return [result for _, result in sorted(parts, key=lambda part: part[0])]
 

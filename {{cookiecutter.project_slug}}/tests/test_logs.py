@@ -34,7 +34,7 @@ def test_a_line_torn_by_a_crash_is_dropped_instead_of_blocking_the_resume(tmp_pa
 
 
 def test_each_log_starts_with_the_template_version_and_the_console_says_it_once(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(logs, "_VERSION_ON_CONSOLE", [])  # a new process
+    monkeypatch.setattr(logs, "_VERSION_ON_CONSOLE", False)  # a new process
     for folder in ("run", "run/fold-0", "run/fold-1"):  # a run of --folds sets up each fold's log in turn
         logs.setup_logging(tmp_path / folder, 0)
     for handler in logs.PACKAGE_LOGGER.handlers:

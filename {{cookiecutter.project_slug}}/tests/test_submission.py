@@ -152,3 +152,16 @@ def test_an_extracted_input_stays_until_the_last_process_of_the_machine_leaves_i
     assert again == source and (source / "a.png").read_bytes() == b"an image"
     leave_input(extracted, 1)
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_process_that_leaves_as_another_removes_the_extraction_ends_without_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with zipfile.ZipFile(tmp_path / "test.zip", "w") as archive:
+        archive.writestr("test/a.png", b"an image")
+    _, extracted = input_path(str(tmp_path / "test.zip"), 1.0, 0, 0)
+    leave_input(extracted, 0)  # the other process, leaving at the same moment, saw no one left and removed it all
+
+    leave_input(extracted, 1)
+
+    assert not list((tmp_path / "tmp").iterdir())

@@ -16,12 +16,13 @@ from . import hardware, settings
 from .errors import UserError
 
 PACKAGE_LOGGER = logging.getLogger(__package__)
-_VERSION_ON_CONSOLE = []  # (not empty once this process's console has the version line)
+_VERSION_ON_CONSOLE = False  # whether this process's console has had the version line
 
 
 def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
     """Rank 0 logs to the console and OUTPUT_DIR/train.log, the others to OUTPUT_DIR/logs/rankN.log, each starting
     with the template's version; with no output_dir (predict.py), rank 0 to the console only, the others nowhere."""
+    global _VERSION_ON_CONSOLE
     if output_dir is None:
         handlers = [logging.StreamHandler(sys.stdout)] if rank == 0 else [logging.NullHandler()]
     elif rank == 0:
@@ -45,7 +46,7 @@ def setup_logging(output_dir: str | Path | None, rank: int) -> logging.Logger:
         for handler in handlers:  # the console's once (a run of --folds sets up each fold's log)
             if isinstance(handler, logging.FileHandler) or not _VERSION_ON_CONSOLE:
                 handler.handle(line)
-        _VERSION_ON_CONSOLE.append(True)
+        _VERSION_ON_CONSOLE = True
     return PACKAGE_LOGGER
 
 

@@ -49,10 +49,15 @@ def leave_input(extracted: Path | None, rank: int) -> None:
     it ended well or not, removes it (one that ended first, on an error, leaves it to the others still reading)."""
     if extracted is None:
         return
-    (_users(extracted) / str(rank)).unlink(missing_ok=True)
-    if not any(_users(extracted).iterdir()):  # (two leaving together may both remove it)
+    users = _users(extracted)
+    (users / str(rank)).unlink(missing_ok=True)
+    try:
+        others = any(users.iterdir())
+    except FileNotFoundError:  # another process, leaving at the same moment, removed it
+        return
+    if not others:  # (two leaving together may both remove it)
         shutil.rmtree(extracted, ignore_errors=True)
-        shutil.rmtree(_users(extracted), ignore_errors=True)
+        shutil.rmtree(users, ignore_errors=True)
 
 
 def _users(extracted: Path) -> Path:
