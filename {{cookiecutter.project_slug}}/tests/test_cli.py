@@ -107,6 +107,23 @@ def test_a_flag_run_py_does_not_know_is_one_line_naming_it_and_the_nearest_throu
 
 
 @pytest.mark.parametrize(
+    "script, flag, python_script, one_of_its_flags",
+    [("run.sh", "--help", "run.py", "--epochs"), ("predict.sh", "-h", "predict.py", "--checkpoint")],
+)
+def test_help_through_the_shell_scripts_is_the_python_scripts_help(
+    project_root, script, flag, python_script, one_of_its_flags
+):
+    result = subprocess.run(
+        ["bash", script, flag], cwd=project_root,
+        env=dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith(f"usage: {python_script} [-h]") and one_of_its_flags in result.stdout
+
+
+@pytest.mark.parametrize(
     "flag, nearest",
     [("--num_workers=2", "--workers"), ("--max-epochs", "--epochs"), ("--batch-sise", "--batch-size"), ("--zzz", None)],
 )

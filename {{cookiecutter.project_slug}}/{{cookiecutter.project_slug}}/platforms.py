@@ -16,7 +16,9 @@ NPROC_PER_NODE set by the user override just their own value. The standard libra
 imported only to count the GPUs of a machine that has an NVIDIA driver.
 """
 
+import contextlib
 import hashlib
+import io
 import os
 import re
 import shlex
@@ -181,14 +183,9 @@ def from_modelarts(env: Mapping[str, str]) -> Layout | None:
     hosts = [host.strip() for host in env.get("VC_WORKER_HOSTS", "").split(",") if host.strip()]
     nnodes = number("MA_NUM_HOSTS", env.get("MA_NUM_HOSTS", env.get("VC_WORKER_NUM", str(len(hosts) or 1))), minimum=1)
     gpus = env.get("MA_NUM_GPUS", "")
-    return Layout(
-        "ModelArts",
-        nnodes,
-        number("VC_TASK_INDEX", env.get("VC_TASK_INDEX", "0")),
-        hosts[0] if hosts else "",  # none: decide() asks for MASTER_ADDR when there are several machines
-        DEFAULT_PORT,
-        int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
-    )
+    index, nproc = number("VC_TASK_INDEX", env.get("VC_TASK_INDEX", "0")), int(gpus) if gpus.isdigit() else 0
+    master = hosts[0] if hosts else ""  # none: decide() asks for MASTER_ADDR when there are several machines
+    return Layout("ModelArts", nnodes, index, master, DEFAULT_PORT, nproc or None)
 
 
 def decide(
@@ -269,11 +266,8 @@ def check_gpus(nproc: int, gpus: int, device: str) -> None:
 
 
 def number(name: str, text: str, minimum: int = 0) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
+    value = int(text) if re.fullmatch(r"\s*\+?\d+\s*", text) else -1
+    if value < minimum:
         raise PlatformError(f"{name}={text!r} is not a whole number of {minimum} or more")
     return value
 
@@ -325,14 +319,14 @@ def main(argv: list[str]) -> None:
     script = os.environ.get("RUN_SCRIPT", "run.py")
     # A bad flag stops here, before any process starts.
     if script == "predict.py":
-        args = cli.parse_predict_args(argv)
+        args = _parsed(cli.parse_predict_args, argv)
         # Where its output goes: without --output, the task's default name in the working folder.
         output_dir = str(Path(args.output).resolve().parent) if args.output else os.getcwd()
         # The launcher's logs (with its copies of the environment): in the temporary folder, not beside the output.
         key = str(Path(args.output).resolve()) if args.output else output_dir
         launch_logs = Path(tempfile.gettempdir()) / f"predict-logs-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
     else:
-        args = cli.parse_args(argv, quiet=True)
+        args = _parsed(lambda given: cli.parse_args(given, quiet=True), argv)
         output_dir = args.output_dir
         launch_logs = Path(output_dir) / "launch-logs"
     env = os.environ
@@ -385,6 +379,17 @@ def main(argv: list[str]) -> None:
         assignments["JOIN_TIMEOUT"] = f"{wait_s:g}"  # the launcher's wait for the other machines
     for name, value in assignments.items():
         print(f"unset {name}" if value is None else f"{name}={shlex.quote(str(value))}")
+
+
+def _parsed(parse, argv: list[str]):
+    """The script's arguments; --help: shell code that prints the help and ends run.sh (which runs this output)."""
+    try:
+        with contextlib.redirect_stdout(text := io.StringIO()):
+            return parse(argv)
+    except SystemExit as end:
+        if end.code == 0:
+            print(f"printf '%s' {shlex.quote(text.getvalue())}; exit 0")
+        raise
 
 
 if __name__ == "__main__":
