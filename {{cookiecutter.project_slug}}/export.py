@@ -25,10 +25,16 @@ def parse_args():
 
 if __name__ == "__main__":
     args = parse_args()
+    source, target = Path(args.checkpoint).resolve(), Path(args.output).resolve()
+    if target == source or source in target.parents:  # (a sharded save is a folder)
+        raise SystemExit(f"error: {args.output} is the checkpoint read: writing there would replace it; name another")
     if Path(args.output).is_dir():
         raise SystemExit(f"error: {args.output} is a folder: name the file to write in it")
     try:
         written = checkpoint.export_weights(Path(args.checkpoint), Path(args.output), args.weights == "ema")
     except UserError as error:
         raise SystemExit(f"error: {error}") from None
+    except OSError as error:  # no such folder, no permission, ... (the checkpoint's own problems are UserErrors)
+        why = f"{error.strerror or error}: {error.filename}"
+        raise SystemExit(f"error: {args.output} cannot be written ({why})") from None
     print(f"exported the model of {args.checkpoint}: {written}")

@@ -69,6 +69,9 @@ def predict(args) -> None:
                          " and test-time views" if args.tta else "", written)  # fmt: skip
             except UserError as error:  # a bad --output or --sample-submission: every process ends with its line
                 problem = str(error)
+            except OSError as error:  # no such folder, no permission, a full disk: not task.py's mistake
+                where = f"--output {args.output}" if args.output else "the predictions"
+                problem = f"{where} cannot be written ({error.strerror or error}: {error.filename})"
         problem = distributed.share_from_main(problem, "rank 0's predictions")  # every process is done with inputs
         if problem:
             raise UserError(problem, shown=env.local_rank == 0)

@@ -172,7 +172,14 @@ show_worker_errors() {
 }
 
 # paddle writes its copies of the whole environment (access tokens too) there while the job runs: this user's only.
-mkdir -p "$log_dir" && chmod 700 "$log_dir"
+if ! said=$(mkdir -p "$log_dir" 2>&1 && chmod 700 "$log_dir" 2>&1); then # (before paddle's launcher fails there)
+  if [[ $RUN_SCRIPT == predict.py ]]; then
+    echo "error: the launcher's log folder $log_dir cannot be made (${said##*: }): set TMPDIR to one you may write" >&2
+  else
+    echo "error: the output folder $OUTPUT_DIR cannot be written (${said##*: }): give --output-dir one you may write" >&2
+  fi
+  exit 1
+fi
 rm -f "$log_dir"/workerlog.* # launcher.py takes a new workerlog.0 as the sign that every machine joined
 "${command[@]}" &
 launcher=$!

@@ -307,7 +307,8 @@ def predict_images(source: Path) -> list[str]:
         raise UserError(f"--input {source} is not an image, a folder of images or an archive: pass one of those")
     names = sorted(path.relative_to(source).as_posix() for path in find_images(source))
     if not names:
-        raise UserError(f"no images found under {source}: --input needs image files ({', '.join(IMAGE_EXTENSIONS)})")
+        kinds = ", ".join(sorted(IMAGE_EXTENSIONS))  # (in one order: each process says the same line, said once)
+        raise UserError(f"no images found under {source}: --input needs image files ({kinds})")
     return names
 
 

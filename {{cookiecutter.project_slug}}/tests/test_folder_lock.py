@@ -148,3 +148,23 @@ def test_a_restarted_elastic_job_goes_on_where_its_own_lost_rank_0_still_holds_t
 
     assert own is None and waited < 1
     assert "in use by another job (host gone, process 1, since then, elastic job run-7)" in other
+
+
+@pytest.mark.parametrize("how", ["run.sh", "python run.py"])
+def test_an_output_folder_that_cannot_be_made_is_one_line_before_training(how, project_root, tmp_path):
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    script = ["bash", "run.sh"] if how == "run.sh" else [sys.executable, "run.py"]
+
+    result = subprocess.run(
+        command(tmp_path / "taken" / "output", *script), cwd=project_root, env=environment(), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+
+    said = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 1
+    assert [line for line in said if "error:" in line] == [
+        f"error: the output folder {tmp_path / 'taken' / 'output'} cannot be written (Not a directory): give "
+        "--output-dir one you may write"
+    ], said
+    assert not any("Traceback" in line for line in said)
+    assert (tmp_path / "taken").read_text() == "a file where the folder would go"

@@ -253,14 +253,23 @@ def test_a_checkpoint_records_its_data_so_predicting_needs_nothing_else(syntheti
     assert all(np.array_equal(np.asarray(loaded[name]), np.asarray(weights[name])) for name in weights)
 
 
-def test_export_into_an_existing_folder_is_one_line_asking_for_a_file(synthetic_run, project_root, tmp_path):
+@pytest.mark.parametrize("where", ["a folder", "the checkpoint", "under a file"])
+def test_export_where_it_cannot_write_is_one_line_and_loses_nothing(synthetic_run, project_root, tmp_path, where):
     best = inference.checkpoint_path(synthetic_run, "best")
+    (tmp_path / "a-file").write_text("kept")
+    output, said = {
+        "a folder": (tmp_path, f"error: {tmp_path} is a folder: name the file to write in it"),
+        "the checkpoint": (best, f"error: {best} is the checkpoint read: writing there would replace it; name another"),
+        "under a file": (tmp_path / "a-file" / "model", f"error: {tmp_path / 'a-file' / 'model'} cannot be written ("),
+    }[where]
+    before = best.read_bytes()
 
-    result = run([sys.executable, "export.py", str(best), str(tmp_path)], project_root, nproc=1, check=False)
+    result = run([sys.executable, "export.py", str(best), str(output)], project_root, nproc=1, check=False)
 
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert result.stderr.strip() == f"error: {tmp_path} is a folder: name the file to write in it"
-    assert not list(tmp_path.iterdir())
+    assert result.stderr.strip().startswith(said) and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]
+    assert best.read_bytes() == before
 
 
 def test_plain_python_run_trains_in_one_process(project_root, tmp_path, expected_sizes):

@@ -191,6 +191,41 @@ def test_an_image_one_process_cannot_read_is_one_error_line_from_the_job_and_no_
     assert not (tmp_path / "submission.csv").exists()
 
 
+def test_a_folder_without_images_is_one_line_from_two_processes(project_root, checkpoint, tmp_path):
+    (tmp_path / "empty").mkdir()
+
+    result = run(
+        ["bash", "predict.sh", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "empty")],
+        project_root, nproc=2, check=False,
+    )  # fmt: skip
+
+    said = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert [line for line in said.splitlines() if "error:" in line] == [
+        f"error: no images found under {tmp_path / 'empty'}: --input needs image files (.bmp, .gif, .jpeg, .jpg, "
+        ".png, .tif, .tiff, .webp)"
+    ], said[-3000:]
+
+
+def test_an_output_that_cannot_be_written_is_one_line_naming_it_not_task_py(
+    project_root, checkpoint, test_images, tmp_path
+):
+    (tmp_path / "a-file").write_text("kept")
+    output = tmp_path / "a-file" / "submission.csv"
+
+    result = run(
+        ["bash", "predict.sh", "--checkpoint", str(checkpoint), "--input", str(test_images), "--output", str(output)],
+        project_root, nproc=2, check=False,
+    )  # fmt: skip
+
+    said = result.stdout + result.stderr
+    errors = [line for line in said.splitlines() if "error:" in line]
+    assert result.returncode == 1
+    assert len(errors) == 1, said
+    assert errors[0].startswith(f"error: --output {output} cannot be written ("), said
+    assert "Traceback" not in said and "task.py" not in said, said[-3000:]
+
+
 def test_a_folder_of_images_is_read_where_it_is_its_lone_top_folder_unwrapped(project_root, checkpoint, tmp_path):
     folder = write_image_folder(tmp_path / "test" / "images", ["a", "b"], per_class=3)
     shutil.copyfile(folder / "a" / "a-000.png", folder / "._a-000.png")  # a resource fork: junk
