@@ -257,6 +257,10 @@ def test_a_folder_project_ships_the_sample_images_unpacked(bake):
         images = list((project / "data" / "digits" / split).glob("*/*.png"))
         assert len(images) == count
         assert {image.parent.name for image in images} == {str(digit) for digit in range(10)}
+    # git keeps them (a zip project's git ignores data/*/, the archive's extraction)
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    ignored = subprocess.run(["git", "check-ignore", "data/digits/train/0"], cwd=project, capture_output=True)
+    assert ignored.returncode == 1, ignored.stdout
 
 
 @pytest.mark.parametrize(
