@@ -1,6 +1,11 @@
 """The project's launcher module, which run.sh starts: paddle's launcher, with a job's status that is its failure's."""
 
+import os
+import subprocess
+import sys
+
 import pytest
+from conftest import copy_of_project
 from launching import launch_ranks
 
 FAILING_RANK = """
@@ -22,3 +27,48 @@ def test_a_job_where_one_worker_fails_ends_with_that_workers_status_not_the_one_
     returncode, logs = launch_ranks(FAILING_RANK, 2, project_root, tmp_path, launcher="{{ cookiecutter.project_slug }}.launcher")
 
     assert returncode == 3, logs[-3000:]
+
+
+FAILING_STEP = """
+
+import functools
+import os
+
+from .errors import UserError
+
+_build_model = build_model
+
+
+@functools.wraps(_build_model)  # the same parameters: the data description fills them as before
+def build_model(num_classes, **options):  # noqa: F811 - a test fails rank 1 in a training step
+    model = _build_model(num_classes, **options)
+    forwards = []
+
+    def fail_on_rank_1(module, inputs):
+        forwards.append(1)
+        if os.environ.get("PADDLE_TRAINER_ID") == "1" and len(forwards) == 6:  # (after the task check's 2 to 4)
+            raise UserError("rank 1 cannot go on")
+
+    model.register_forward_pre_hook(fail_on_rank_1)
+    return model
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_in_a_training_step_is_the_jobs_one_line_not_the_others_gloo_giving_up(
+    project_root, tmp_path
+):
+    """The others' gloo gives up at once on the rank that ended (paddle reports TIMEOUT and ends them in C++): the
+    job's line and status are the failed rank's, not a collective timeout's."""
+    project = copy_of_project(project_root, tmp_path / "project", model=FAILING_STEP)
+    env = {name: value for name, value in os.environ.items() if name not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(NPROC_PER_NODE="2", PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"])
+
+    result = subprocess.run(
+        ["bash", "run.sh", "--epochs", "1", "--device", "cpu", "--output-dir", str(tmp_path / "output")],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    said = result.stdout + result.stderr
+    assert result.returncode == 1, said[-3000:]
+    assert [line for line in said.splitlines() if line.startswith("error:")] == ["error: rank 1 cannot go on"], said

@@ -52,7 +52,7 @@ def main() -> None:
         logging.getLogger("LAUNCH").addFilter(lambda record: _not_said_already(record, errors_said))
         _show_tails_of_the_unexplained(errors_said)
         try:
-            _launch(join_timeout, too_few)
+            _launch(join_timeout, too_few, errors_said)
         finally:
             for text, rank in said(errors_said).items():
                 if rank != 0:
@@ -74,7 +74,7 @@ def _show_tails_of_the_unexplained(errors_said: Path) -> None:
     Container.tail = unexplained_tail
 
 
-def _launch(join_timeout: float, too_few: list[int]) -> None:
+def _launch(join_timeout: float, too_few: list[int], errors_said: Path) -> None:
     """paddle's launch(), its console relay up to a C++ report, its exit status the failed worker's."""
     from paddle.distributed.launch.job.container import Container
     from paddle.distributed.launch.job.pod import Pod
@@ -101,7 +101,9 @@ def _launch(join_timeout: float, too_few: list[int]) -> None:
             f"({type(error).__name__}: {error}): start it, or set ETCD_ENDPOINT to one that this machine reaches"
         )
     finally:
-        if any(_gave_up_in_cpp(log) for log in Path(_flag("--log_dir", ".")).glob("workerlog.*")):
+        # (Where a worker said its own error, the others' gloo gave up on it at once: that error is the line.)
+        logs = Path(_flag("--log_dir", ".")).glob("workerlog.*")
+        if not said(errors_said) and any(_gave_up_in_cpp(log) for log in logs):
             sys.stderr.write(
                 "error: a collective timed out in a training step: a rank did not answer for paddle's 30 s (gloo's "
                 "fixed limit on CPUs, whatever --dist-timeout says), and paddle ended the ranks that waited, in the "
@@ -111,12 +113,12 @@ def _launch(join_timeout: float, too_few: list[int]) -> None:
 
 
 def _own_failure(pod) -> int:
-    """The status of the first worker, in rank order, that failed on its own (COLLECTIVE_TIMEOUT_STATUS where
-    gloo gave up and paddle ended it in C++); 0 where none did."""
-    for container in pod.containers:
-        if container.exit_code not in (0, *_STOPPED_BY_THE_LAUNCHER):
-            return COLLECTIVE_TIMEOUT_STATUS if _gave_up_in_cpp(container.errfile) else container.exit_code
-    return 0
+    """The status of the first worker, in rank order, that failed on its own; else COLLECTIVE_TIMEOUT_STATUS where
+    gloo gave up and paddle ended one in C++ (a worker that failed makes the others' gloo give up at once, as if
+    they had waited 30 s); 0 where none failed."""
+    failed = [container for container in pod.containers if container.exit_code not in (0, *_STOPPED_BY_THE_LAUNCHER)]
+    own = [container.exit_code for container in failed if not _gave_up_in_cpp(container.errfile)]
+    return own[0] if own else COLLECTIVE_TIMEOUT_STATUS if failed else 0
 
 
 def _gave_up_in_cpp(log) -> bool:
