@@ -221,3 +221,35 @@ def test_validation_sees_the_averages_in_the_models_own_tensors_and_training_goe
         assert_same_weights(weights_of(saver.model), averages_of(saver))
     assert_same_weights(weights_of(saver.model), trained)
     assert not np.array_equal(trained["weight"], averages_of(saver)["weight"])
+
+
+def test_a_run_resumed_from_another_folder_has_that_runs_best_until_an_epoch_beats_it(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    saver = build_checkpointer(first)
+    save_epoch(saver, 1, 0.75, True)
+    save_epoch(saver, 2, 0.75, False)
+    resumer = build_checkpointer(second)
+    resumer.resume(str(first / checkpoint.LAST))
+
+    resumer.end_epoch(3, {"loss": 1.0, "acc": 0.5})  # not better than epoch 1
+
+    assert (second / checkpoint.BEST).read_bytes() == (first / checkpoint.BEST).read_bytes()
+    take_steps(resumer)
+    resumer.end_epoch(4, {"loss": 1.0, "acc": 0.9})  # better: its own weights
+    assert (second / checkpoint.BEST).read_bytes() != (first / checkpoint.BEST).read_bytes()
+    assert resumer.state.best_value == 0.9
+
+
+def test_a_sharded_best_in_another_folder_is_copied_as_a_save_of_its_own(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    (first / "save-1").mkdir(parents=True)
+    (first / "save-1" / "part").write_text("rank 0's part")
+    output_folder.point(first / "best", first / "save-1")
+    output_folder.point(first / "last", first / "save-1")
+
+    output_folder.carry_best(first / "last", second, is_main=True)
+
+    assert (second / "best").is_symlink() and (second / "best" / "part").read_text() == "rank 0's part"
+    assert (second / "best").resolve().parent == second.resolve()
+    output_folder.carry_best(first / "last", first, is_main=True)  # its own folder: nothing to do
+    assert sorted(path.name for path in first.iterdir()) == ["best", "last", "save-1"]

@@ -17,6 +17,7 @@ complete save. Both frameworks' checkpoint.py use these.
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import socket
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from . import roll_call
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".job.lock"
 WAIT_VARIABLE, DEFAULT_WAIT_S = "JOB_LOCK_WAIT", 60.0
@@ -146,6 +149,29 @@ def point(link: Path, folder: Path) -> None:
     temporary.unlink(missing_ok=True)
     temporary.symlink_to(folder.name)
     os.replace(temporary, link)
+
+
+def carry_best(loaded: Path | None, directory: Path, is_main: bool) -> None:
+    """A run resumed from a save in another folder: rank 0 copies that folder's best (best.<suffix>, or the save its
+    link best names) into `directory` where it has none, so that the best there is the whole run's."""
+    source = loaded.parent if loaded is not None else directory
+    if not is_main or source.resolve() == directory.resolve():
+        return
+    if any((directory / f"best{suffix}").exists() for suffix in ("", *SUFFIXES)):
+        return
+    file, link = source / f"best{loaded.suffix}", source / "best"
+    if loaded.suffix and file.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file, directory / f".{file.name}.tmp")
+        os.replace(directory / f".{file.name}.tmp", directory / file.name)  # (whole, or not there)
+        copied = file
+    elif link.is_dir():
+        copied, copy = link, directory / new_name()
+        shutil.copytree(link.resolve(), copy)
+        point(directory / "best", copy)
+    else:
+        return
+    log.info("the resumed run's best save, %s, is copied into %s (its later epochs may not beat it)", copied, directory)
 
 
 def remove_unlinked(directory: Path) -> None:

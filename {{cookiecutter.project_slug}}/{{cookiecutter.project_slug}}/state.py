@@ -198,6 +198,7 @@ class CheckpointerBase:
         """Record a finished epoch (its validation metrics, without val_) and save it (last, best when it is the
         best, and kept while it is among the --keep-best best); on every rank."""
         is_best = self.state.finish_epoch(epoch, metrics, min_delta)
+        output_folder.carry_best(self.loaded, self.directory, self.env.is_main and not is_best)  # (a new best: its own)
         kept = output_folder.Kept(epoch, metrics[self.state.best_metric], self.keep_best or 0, self.state.best_mode)
         among_best = (
             bool(self.keep_best) and math.isfinite(kept.value) and output_folder.enters_top(self.directory, kept)
