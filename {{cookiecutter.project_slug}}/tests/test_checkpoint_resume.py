@@ -101,13 +101,17 @@ def test_resume_auto_without_a_checkpoint_starts_afresh(tmp_path):
     assert build_checkpointer(tmp_path / "empty").resume("auto") == acc_state(0, None, EpochProgress())
 
 
-def test_resume_none_starts_afresh_even_when_a_checkpoint_exists(tmp_path):
-    save_epoch(build_checkpointer(tmp_path), 4, 0.9, False)
-    fresh = build_checkpointer(tmp_path)
+def test_resume_none_starts_afresh_even_when_a_checkpoint_exists_saying_that_its_saves_replace_it(tmp_path, caplog):
+    save_epoch(build_checkpointer(tmp_path / "checkpoints"), 4, 0.9, False)
+    fresh = build_checkpointer(tmp_path / "checkpoints")
     weights = weights_of(fresh.model)
 
     assert fresh.resume("none") == acc_state(0, None, EpochProgress())
     assert_same_weights(weights_of(fresh.model), weights)
+    assert f"its saves and metrics replace those of the run in {tmp_path} (a new --output-dir" in caplog.text
+    caplog.clear()
+    build_checkpointer(tmp_path / "elsewhere").resume("none")
+    assert "--resume none" not in caplog.text
 
 
 def test_resume_from_a_missing_path_says_so(tmp_path):

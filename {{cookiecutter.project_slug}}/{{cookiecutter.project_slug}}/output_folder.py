@@ -151,6 +151,13 @@ def point(link: Path, folder: Path) -> None:
     os.replace(temporary, link)
 
 
+def say_replaced(directory: Path, asked: bool) -> None:
+    """--resume none in a folder with an earlier run's saves: rank 0 says that this run's replace them."""
+    if asked and any((directory / f"last{suffix}").exists() for suffix in ("", *SUFFIXES)):
+        log.warning("--resume none: this run starts afresh, and its saves and metrics replace those of the run in %s "
+                    "(a new --output-dir keeps them)", directory.parent)  # fmt: skip
+
+
 def carry_best(loaded: Path | None, directory: Path, is_main: bool) -> None:
     """A run resumed from a save in another folder: rank 0 copies that folder's best (best.<suffix>, or the save its
     link best names) into `directory` where it has none, so that the best there is the whole run's."""

@@ -218,12 +218,12 @@ class CheckpointerBase:
     ) -> TrainingState:
         """Load the checkpoint `how` names (auto, none or a path) and return where training stands.
 
-        Every rank loads it, and all must find the same point: a machine that cannot see the
-        checkpoint would otherwise start afresh and train a different model. A fresh start
-        begins from the weights of `init_from` (--init-from), where they fit the model. A resumed
-        run keeps its learning rate, or, given `lr` (--lr), trains at it from there on, the
-        schedule continuing from it; likewise with `warmup_epochs` (--warmup-epochs), else it keeps its warmup.
+        Every rank loads it, and all must find the same point: a machine that cannot see the checkpoint would
+        otherwise start afresh and train a different model. A fresh start begins from the weights of `init_from`
+        (--init-from), where they fit the model. A resumed run keeps its learning rate, or, given `lr` (--lr), trains
+        at it from there on, the schedule continuing from it; likewise with `warmup_epochs` (--warmup-epochs).
         """
+        output_folder.say_replaced(self.directory, self.env.is_main and how == "none")
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
         self.state.choose_best_by(*self.best)
