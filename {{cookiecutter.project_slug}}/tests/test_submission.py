@@ -99,7 +99,6 @@ def test_an_output_that_is_a_folder_is_refused_in_one_line(tmp_path):
         ("test", "masks", False),
         ("test/x.png", "test/masks", False),
         ("test.csv", "predictions.csv", False),
-        ("test.zip", ".", False),  # an archive is read from its extraction
     ],
 )
 def test_an_output_that_would_replace_the_inputs_is_refused_before_anything_is_written(
@@ -129,6 +128,17 @@ def test_an_output_that_a_checkpoint_or_another_option_names_is_refused_naming_t
             check_apart(args.input, str(output), read)
         assert "\n" not in str(error.value)
     check_apart(args.input, str(tmp_path / "submission.csv"), read)
+
+
+def test_an_output_folder_that_holds_files_already_is_refused_before_predicting_and_an_empty_one_is_not(tmp_path):
+    (tmp_path / "earlier" / "a").mkdir(parents=True)
+    (tmp_path / "earlier" / "a" / "x.png").write_bytes(b"an earlier prediction's mask")
+    (tmp_path / "empty").mkdir()
+
+    with pytest.raises(UserError, match="is a folder that holds files already: name a new folder"):
+        check_apart(str(tmp_path / "test"), str(tmp_path / "earlier"))
+    check_apart(str(tmp_path / "test"), str(tmp_path / "empty"))
+    assert (tmp_path / "earlier" / "a" / "x.png").read_bytes() == b"an earlier prediction's mask"
 
 
 def test_run_length_pairs_number_pixels_from_1_down_each_column_unless_row_order_is_asked():

@@ -84,6 +84,14 @@ def check_apart(input: str, output: str | None, read: dict[str, str] | None = No
             f"--output {output} is where --input {input} is read from: what predict.py writes there would replace "
             "the inputs; name a file or folder outside it"
         )
+    refuse_a_folder_in_use(Path(output))
+
+
+def refuse_a_folder_in_use(output: Path) -> None:
+    """An --output folder that holds files already: what predict.py writes would mix with them (the masks of an
+    earlier prediction, submitted with this one's)."""
+    if output.is_dir() and any(output.iterdir()):
+        raise UserError(f"--output {output} is a folder that holds files already: name a new folder (or a file)")
 
 
 def read_besides(args, checkpoints: list[Path]) -> dict[str, str]:
@@ -120,6 +128,24 @@ def write_csv(
     else:
         rows = [[name, *value] for name, value in zip(names, values, strict=True)]
     write_rows(output, header, rows)
+
+
+def write_mask_files(output: str, names: list[str], mask_of: Callable[[int], np.ndarray]) -> str:
+    """Each input's mask as an 8-bit PNG (a class index a pixel) in the new or empty folder `output`, under the
+    input's relative path with the suffix .png; the folder."""
+    from PIL import Image  # (the image tasks' own need)
+
+    folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--output {folder} is a file: name a folder for the masks, or FILE.csv for a CSV")
+    refuse_a_folder_in_use(folder)
+    for index, name in enumerate(names):
+        path = folder / PurePosixPath(name).with_suffix(".png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")  # a stopped run leaves no half-written mask
+        Image.fromarray(mask_of(index)).save(temporary, format="PNG")
+        os.replace(temporary, path)
+    return str(folder)
 
 
 def write_masks(

@@ -7,16 +7,13 @@ predict.py and the notebook call nothing else. Every batch arrives as the loader
 device, in the run's precision.
 """
 
-import os
-from pathlib import Path, PurePosixPath
-
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from PIL import Image
 
 from .errors import UserError
-from .submission import image_ids, write_masks
+from .submission import image_ids, write_mask_files, write_masks
 
 BEST_METRIC = "miou"  # the metric of metrics() that picks checkpoints/best.pdparams
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
@@ -79,8 +76,8 @@ def test_time_views(model, batch) -> list[np.ndarray]:
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:
     """predict.py's masks, each at its image's own size, and their path: with an --output ending in .csv (the default
     with --sample-submission), run-length encoded, a row per image and class found (submission.write_masks(), in
-    --rle-order); else 8-bit PNGs, each pixel its class index, in the folder `output` (default predictions/), each
-    under its image's relative path with the suffix .png."""
+    --rle-order); else 8-bit PNGs, each pixel its class index, in the new or empty folder `output` (default
+    predictions/), each under its image's relative path with the suffix .png (submission.write_mask_files())."""
     sample, order = getattr(options, "sample_submission", None), getattr(options, "rle_order", None)
     output = output or ("predictions.csv" if sample else "predictions")
 
@@ -97,13 +94,4 @@ def write_predictions(output: str | None, keys: list, rows: list, description: d
         return output
     if sample or order:
         raise UserError(f"--{'sample-submission' if sample else 'rle-order'} is for a CSV: name --output FILE.csv")
-    folder = Path(output)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"--output {folder} is a file: name a folder for the masks, or FILE.csv for a CSV")
-    for index, name in enumerate(names):
-        path = folder / PurePosixPath(name).with_suffix(".png")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")  # a stopped run leaves no half-written mask
-        Image.fromarray(mask_of(index)).save(temporary, format="PNG")
-        os.replace(temporary, path)
-    return str(folder)
+    return write_mask_files(output, names, mask_of)

@@ -310,6 +310,16 @@ def test_a_csv_option_with_a_folder_output_or_a_folder_named_csv_ends_in_one_lin
         task.write_predictions(str(tmp_path / output), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace(**flags))
 
 
+def test_masks_are_not_written_into_a_folder_that_holds_an_earlier_predictions_masks(tmp_path):
+    earlier = Path(task.write_predictions(str(tmp_path / "masks"), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace()))
+    before = {path: path.read_bytes() for path in earlier.rglob("*") if path.is_file()}
+
+    with pytest.raises(UserError, match="holds files already"):
+        task.write_predictions(str(earlier), CSV_KEYS[:1], CSV_ROWS[:1], CLASSES, argparse.Namespace())
+
+    assert {path: path.read_bytes() for path in earlier.rglob("*") if path.is_file()} == before
+
+
 def test_tta_flips_the_images_and_flips_the_predicted_masks_back():
     images = np.random.default_rng(0).standard_normal((2, 3, 6, 8)).astype(np.float32)
 
