@@ -176,6 +176,7 @@ if ! said=$(mkdir -p "$log_dir" 2>&1 && chmod 700 "$log_dir" 2>&1); then # (befo
   if [[ $RUN_SCRIPT == predict.py ]]; then
     echo "error: the launcher's log folder $log_dir cannot be made (${said##*: }): set TMPDIR to one you may write" >&2
   else
+    [[ -f $OUTPUT_DIR ]] && said="it is a file"
     echo "error: the output folder $OUTPUT_DIR cannot be written (${said##*: }): give --output-dir one you may write" >&2
   fi
   exit 1

@@ -156,15 +156,15 @@ def test_an_output_folder_that_cannot_be_made_is_one_line_before_training(how, p
     script = ["bash", "run.sh"] if how == "run.sh" else [sys.executable, "run.py"]
 
     result = subprocess.run(
-        command(tmp_path / "taken" / "output", *script), cwd=project_root, env=environment(), capture_output=True,
-        text=True, timeout=120,
+        command(tmp_path / "taken", *script), cwd=project_root, env=environment(), capture_output=True, text=True,
+        timeout=120,
     )  # fmt: skip
 
     said = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 1
     assert [line for line in said if "error:" in line] == [
-        f"error: the output folder {tmp_path / 'taken' / 'output'} cannot be written (Not a directory): give "
-        "--output-dir one you may write"
+        f"error: the output folder {tmp_path / 'taken'} cannot be written (it is a file): give --output-dir one you "
+        "may write"
     ], said
     assert not any("Traceback" in line for line in said)
     assert (tmp_path / "taken").read_text() == "a file where the folder would go"

@@ -73,7 +73,7 @@ def _take(folder: Path) -> tuple[int | None, str | None]:
         folder.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:  # (a file of that name, a folder of another user's, a read-only disk)
-        why = error.strerror or error
+        why = "it is a file" if folder.is_file() else error.strerror or error
         return None, f"the output folder {folder} cannot be written ({why}): give --output-dir one you may write"
     refusal = _refusal_after_waiting(folder, descriptor)
     if refusal:
