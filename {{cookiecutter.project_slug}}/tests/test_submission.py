@@ -175,3 +175,10 @@ def test_a_process_that_leaves_as_another_removes_the_extraction_ends_without_an
     leave_input(extracted, 1)
 
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_relative_input_not_found_names_the_folder_it_was_looked_for_in(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    with pytest.raises(UserError, match=f"--input ../test.csv not found in {tmp_path}: pass the file"):
+        input_path("../test.csv", 1.0, 0, 0)

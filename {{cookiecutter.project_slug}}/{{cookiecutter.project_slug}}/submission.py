@@ -31,7 +31,8 @@ def input_path(path: str, max_gb: float, local_rank: int, rank: int) -> tuple[Pa
     if source.is_dir():
         return archive.dataset_root(source), None
     if not source.is_file():
-        raise UserError(f"--input {source} not found: pass the file, folder or archive to predict")
+        where = "" if source.is_absolute() else f" in {Path.cwd()}"  # (predict.sh starts in the project folder)
+        raise UserError(f"--input {source} not found{where}: pass the file, folder or archive to predict")
     if not source.name.lower().endswith(ARCHIVE_SUFFIXES):
         return source, None
     key = hashlib.sha1(f"{source.resolve()} {archive.archive_identity(source)}".encode()).hexdigest()[:12]
