@@ -9,7 +9,7 @@ whole); with --weights raw the trained weights of a run of --ema rather than the
 from pathlib import Path
 
 from {{ cookiecutter.project_slug }} import checkpoint, cli
-from {{ cookiecutter.project_slug }}.errors import UserError
+from {{ cookiecutter.project_slug }}.errors import UserError, os_words
 
 
 def parse_args():
@@ -35,6 +35,5 @@ if __name__ == "__main__":
     except UserError as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:  # no such folder, no permission, ... (the checkpoint's own problems are UserErrors)
-        why = f"{error.strerror or error}: {error.filename}"
-        raise SystemExit(f"error: {args.output} cannot be written ({why})") from None
+        raise SystemExit(f"error: {args.output} cannot be written ({os_words(error)})") from None
     print(f"exported the model of {args.checkpoint}: {written}")

@@ -11,7 +11,7 @@ from functools import partial
 import numpy as np
 
 from {{ cookiecutter.project_slug }} import cli, distributed, folds, inference, loaders, logs, seam, submission
-from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors
+from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors, os_words
 from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 
 
@@ -71,7 +71,7 @@ def predict(args) -> None:
                 problem = str(error)
             except OSError as error:  # no such folder, no permission, a full disk: not task.py's mistake
                 where = f"--output {args.output}" if args.output else "the predictions"
-                problem = f"{where} cannot be written ({error.strerror or error}: {error.filename})"
+                problem = f"{where} cannot be written ({os_words(error)})"
         problem = distributed.share_from_main(problem, "rank 0's predictions")  # every process is done with inputs
         if problem:
             raise UserError(problem, shown=env.local_rank == 0)

@@ -82,3 +82,16 @@ def test_the_error_line_that_ends_a_run_is_in_its_train_log_too_not_only_on_the_
     assert capsys.readouterr().err == "error: --data-dir nowhere not found: pass the folder of the data\n"
     last = (tmp_path / "train.log").read_text().splitlines()[-1]
     assert last.endswith(" error: --data-dir nowhere not found: pass the folder of the data")
+
+
+def test_a_fresh_run_in_a_folder_of_an_earlier_run_says_that_its_metrics_and_saves_are_replaced(tmp_path, caplog):
+    logs.append_metrics(tmp_path / "metrics.jsonl", {"epoch": 1, "val_loss": 0.5})
+
+    logs.MetricsLog(tmp_path / "metrics.jsonl", True, 3, 0)  # --resume none
+
+    assert f"this run starts afresh in {tmp_path}: the earlier run's metrics and saves" in caplog.text
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    caplog.clear()
+    logs.append_metrics(tmp_path / "metrics.jsonl", {"epoch": 1, "val_loss": 0.5})
+    logs.MetricsLog(tmp_path / "metrics.jsonl", True, 3, 1)  # a resumed run
+    assert "afresh" not in caplog.text

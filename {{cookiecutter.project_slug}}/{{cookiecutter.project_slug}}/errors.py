@@ -43,6 +43,11 @@ def gpu_shortage(processes: int, gpus: int, device: str) -> str | None:
     return more_processes_than_gpus(processes, gpus) if device != "cpu" and 0 < gpus < processes else None
 
 
+def os_words(error: OSError) -> str:
+    """An OSError in words: why, and the path it names where it names one (a full disk names none)."""
+    return f"{error.strerror or error}: {error.filename}" if error.filename else str(error.strerror or error)
+
+
 def no_space_line(directory: Path, needed: int) -> str:
     """Why a save of about `needed` bytes failed on a full disk, and what to do."""
     free = shutil.disk_usage(directory).free

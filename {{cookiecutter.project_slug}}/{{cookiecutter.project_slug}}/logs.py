@@ -195,6 +195,11 @@ def drop_metrics_after(path: Path, epoch: int) -> None:
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     kept = [line for line in lines if (recorded := epoch_of(line)) is not None and recorded <= epoch]
+    if epoch == 0 and any(epoch_of(line) for line in lines):  # --resume none, or a folder whose saves are gone
+        PACKAGE_LOGGER.warning(
+            "this run starts afresh in %s: the earlier run's metrics and saves there are replaced (a new "
+            "--output-dir keeps them)", path.parent,
+        )  # fmt: skip
     if len(kept) != len(lines):
         path.write_text("".join(kept), encoding="utf-8")
 

@@ -56,7 +56,7 @@ def in_use(output_dir: str | Path) -> str | None:
     """Why a job cannot start on `output_dir` (another holds it, and did not end within JOB_LOCK_WAIT), or None;
     takes no lock and writes nothing."""
     path = Path(output_dir) / LOCK_NAME
-    if not path.exists():
+    if not os.path.exists(path):  # (nor a folder that cannot be read: the job says so as it takes the lock)
         return None
     descriptor = os.open(path, os.O_RDONLY)
     try:
@@ -73,7 +73,7 @@ def _take(folder: Path) -> tuple[int | None, str | None]:
         folder.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:  # (a file of that name, a folder of another user's, a read-only disk)
-        why = "it is a file" if folder.is_file() else error.strerror or error
+        why = "it is a file" if os.path.isfile(folder) else error.strerror or error  # (isfile(): no PermissionError)
         return None, f"the output folder {folder} cannot be written ({why}): give --output-dir one you may write"
     refusal = _refusal_after_waiting(folder, descriptor)
     if refusal:
@@ -151,34 +151,34 @@ def point(link: Path, folder: Path) -> None:
     os.replace(temporary, link)
 
 
-def say_replaced(directory: Path, asked: bool) -> None:
-    """--resume none in a folder with an earlier run's saves: rank 0 says that this run's replace them."""
-    if asked and any((directory / f"last{suffix}").exists() for suffix in ("", *SUFFIXES)):
-        log.warning("--resume none: this run starts afresh, and its saves and metrics replace those of the run in %s "
-                    "(a new --output-dir keeps them)", directory.parent)  # fmt: skip
-
-
-def carry_best(loaded: Path | None, directory: Path, is_main: bool) -> None:
-    """A run resumed from a save in another folder: rank 0 copies that folder's best (best.<suffix>, or the save its
-    link best names) into `directory` where it has none, so that the best there is the whole run's."""
+def carry_best(loaded: Path | None, directory: Path, is_main: bool, wait_for_save=lambda: None) -> None:
+    """A run resumed from a save in another folder: rank 0 copies that folder's best (its best.* files, or the save
+    its link best names) into `directory` where it has none, so that the best there is the whole run's. A copy that
+    fails is said, and training goes on: the best stays where it was."""
     source = loaded.parent if loaded is not None else directory
     if not is_main or source.resolve() == directory.resolve():
         return
-    if any((directory / f"best{suffix}").exists() for suffix in ("", *SUFFIXES)):
+    if any(directory.glob("best.*")) or (directory / "best").exists():
         return
-    file, link = source / f"best{loaded.suffix}", source / "best"
-    if loaded.suffix and file.is_file():
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(file, directory / f".{file.name}.tmp")
-        os.replace(directory / f".{file.name}.tmp", directory / file.name)  # (whole, or not there)
-        copied = file
-    elif link.is_dir():
-        copied, copy = link, directory / new_name()
-        shutil.copytree(link.resolve(), copy)
-        point(directory / "best", copy)
-    else:
+    files, link = sorted(source.glob("best.*"), key=lambda file: file.suffix == loaded.suffix), source / "best"
+    if not files and not link.is_dir():
         return
-    log.info("the resumed run's best save, %s, is copied into %s (its later epochs may not beat it)", copied, directory)
+    wait_for_save()  # (a save written in the background removes the saves no link names: a copy being made too)
+    try:
+        if files:  # (a framework's save may be several files: the weights' last, as it writes them)
+            directory.mkdir(parents=True, exist_ok=True)
+            for file in files:
+                shutil.copy2(file, directory / f".{file.name}.tmp")
+                os.replace(directory / f".{file.name}.tmp", directory / file.name)  # (whole, or not there)
+        else:
+            copy = directory / new_name()
+            shutil.copytree(link.resolve(), copy)
+            point(directory / "best", copy)
+    except OSError as error:
+        log.warning("the resumed run's best save in %s could not be copied into %s (%s): it stays there", source,
+                    directory, error)  # fmt: skip
+        return
+    log.info("the resumed run's best save in %s is copied into %s (later epochs may not beat it)", source, directory)
 
 
 def remove_unlinked(directory: Path) -> None:

@@ -198,7 +198,7 @@ class CheckpointerBase:
         """Record a finished epoch (its validation metrics, without val_) and save it (last, best when it is the
         best, and kept while it is among the --keep-best best); on every rank."""
         is_best = self.state.finish_epoch(epoch, metrics, min_delta)
-        output_folder.carry_best(self.loaded, self.directory, self.env.is_main and not is_best)  # (a new best: its own)
+        output_folder.carry_best(self.loaded, self.directory, self.env.is_main and not is_best, self.wait_for_save)
         kept = output_folder.Kept(epoch, metrics[self.state.best_metric], self.keep_best or 0, self.state.best_mode)
         among_best = (
             bool(self.keep_best) and math.isfinite(kept.value) and output_folder.enters_top(self.directory, kept)
@@ -223,7 +223,6 @@ class CheckpointerBase:
         (--init-from), where they fit the model. A resumed run keeps its learning rate, or, given `lr` (--lr), trains
         at it from there on, the schedule continuing from it; likewise with `warmup_epochs` (--warmup-epochs).
         """
-        output_folder.say_replaced(self.directory, self.env.is_main and how == "none")
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
         self.state.choose_best_by(*self.best)

@@ -89,10 +89,10 @@ def check_apart(input: str, output: str | None, read: dict[str, str] | None = No
 
 
 def refuse_a_folder_in_use(output: Path) -> None:
-    """An --output folder that holds files already: what predict.py writes would mix with them (the masks of an
+    """An --output folder that is not empty: what predict.py writes would mix with what is there (the masks of an
     earlier prediction, submitted with this one's)."""
     if output.is_dir() and any(output.iterdir()):
-        raise UserError(f"--output {output} is a folder that holds files already: name a new folder (or a file)")
+        raise UserError(f"--output {output} is a folder that is not empty: name a file, or a new or empty folder")
 
 
 def read_besides(args, checkpoints: list[Path]) -> dict[str, str]:

@@ -101,9 +101,10 @@ def _launch(join_timeout: float, too_few: list[int], errors_said: Path) -> None:
             f"({type(error).__name__}: {error}): start it, or set ETCD_ENDPOINT to one that this machine reaches"
         )
     finally:
-        # (Where a worker said its own error, the others' gloo gave up on it at once: that error is the line.)
-        logs = Path(_flag("--log_dir", ".")).glob("workerlog.*")
-        if not said(errors_said) and any(_gave_up_in_cpp(log) for log in logs):
+        # (Where a worker failed on its own, saying why or in a traceback, the others' gloo gave up on it at once:
+        # that failure is the job's.)
+        logs = list(Path(_flag("--log_dir", ".")).glob("workerlog.*"))
+        if any(map(_gave_up_in_cpp, logs)) and not said(errors_said) and not any(map(_python_traceback, logs)):
             sys.stderr.write(
                 "error: a collective timed out in a training step: a rank did not answer for paddle's 30 s (gloo's "
                 "fixed limit on CPUs, whatever --dist-timeout says), and paddle ended the ranks that waited, in the "
@@ -123,12 +124,22 @@ def _own_failure(pod) -> int:
 
 def _gave_up_in_cpp(log) -> bool:
     """Whether a worker's log (its path) ends in paddle's C++ report of a collective that gloo gave up on."""
+    return _GLOO_GAVE_UP.encode() in _end_of(log)
+
+
+def _python_traceback(log) -> bool:
+    """Whether a worker's log ends in a Python traceback (a worker that failed on its own, not by gloo giving up)."""
+    end = _end_of(log)
+    return not _gave_up_in_cpp(log) and (end.startswith(b"Traceback (") or b"\nTraceback (" in end)
+
+
+def _end_of(log, size: int = 65536) -> bytes:
     try:
         with open(log, "rb") as file:
-            file.seek(max(0, file.seek(0, os.SEEK_END) - 8192))
-            return _GLOO_GAVE_UP.encode() in file.read()
+            file.seek(max(0, file.seek(0, os.SEEK_END) - size))
+            return file.read()
     except (OSError, TypeError):  # no log (yet), or none named
-        return False
+        return b""
 
 
 def _not_said_already(record, errors_said: Path) -> bool:

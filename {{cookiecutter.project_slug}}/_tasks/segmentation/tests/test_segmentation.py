@@ -314,7 +314,7 @@ def test_masks_are_not_written_into_a_folder_that_holds_an_earlier_predictions_m
     earlier = Path(task.write_predictions(str(tmp_path / "masks"), CSV_KEYS, CSV_ROWS, CLASSES, argparse.Namespace()))
     before = {path: path.read_bytes() for path in earlier.rglob("*") if path.is_file()}
 
-    with pytest.raises(UserError, match="holds files already"):
+    with pytest.raises(UserError, match="is a folder that is not empty"):
         task.write_predictions(str(earlier), CSV_KEYS[:1], CSV_ROWS[:1], CLASSES, argparse.Namespace())
 
     assert {path: path.read_bytes() for path in earlier.rglob("*") if path.is_file()} == before
