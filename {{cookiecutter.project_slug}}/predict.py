@@ -8,11 +8,13 @@ What an input is, a prediction, and the file written: data.build_predict_set() a
 
 from functools import partial
 
-import numpy as np
+from {{ cookiecutter.project_slug }}.errors import UserError, ended_quietly_by_ctrl_c, explain_user_errors, os_words
 
-from {{ cookiecutter.project_slug }} import cli, distributed, folds, inference, loaders, logs, seam, submission
-from {{ cookiecutter.project_slug }}.errors import UserError, explain_user_errors, os_words
-from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
+with ended_quietly_by_ctrl_c():  # while the framework loads
+    import numpy as np
+
+    from {{ cookiecutter.project_slug }} import cli, distributed, folds, inference, loaders, logs, seam, submission
+    from {{ cookiecutter.project_slug }}.workspace import PROJECT_ROOT
 
 
 @explain_user_errors

@@ -2,8 +2,11 @@
 
 import inspect
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +179,20 @@ def test_a_model_option_build_model_does_not_take_ends_the_run_in_one_line_namin
     assert [line for line in result.stderr.splitlines() if line.startswith("error")] == [
         f"error: --model-option depth: build_model() in model.py takes no such parameter; it takes {', '.join(takes)}"
     ]
+
+
+@pytest.mark.parametrize("script", ["run.py", "predict.py"])
+def test_ctrl_c_while_the_framework_loads_ends_the_script_without_a_traceback(project_root, script):
+    started = subprocess.Popen(
+        [sys.executable, script, "--help"], cwd=project_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (as a terminal's job has it)
+    )  # fmt: skip
+    maps = Path(f"/proc/{started.pid}/maps")
+    deadline = time.monotonic() + 60
+    while started.poll() is None and not re.search(r"lib(torch|paddle)", maps.read_text()):  # the framework loads
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    started.send_signal(signal.SIGINT)
+    _, said = started.communicate(timeout=60)
+
+    assert (started.returncode, said) == (130, "")

@@ -6,11 +6,13 @@ import contextlib
 import errno
 import functools
 import hashlib
+import io
 import logging
 import math
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -166,6 +168,34 @@ def say(error: UserError) -> None:
     # One write: the ranks write at the same moment, and must not interleave.
     sys.stderr.write(text)
     sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def ended_quietly_by_ctrl_c():
+    """Around a script's imports, which load the framework for seconds: Ctrl-C meanwhile (a terminal sends it to
+    every process) ends the process with INTERRUPTED_STATUS and no traceback. Paddle's core turns the interrupt
+    into an ImportError, after a line of its own: what the imports write to stderr is held until they end."""
+    heard, held = [], io.StringIO()
+
+    def interrupt(signum, frame):
+        heard.append(signum)
+        raise KeyboardInterrupt
+
+    default = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (not where it is ignored)
+    if default:
+        signal.signal(signal.SIGINT, interrupt)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except (KeyboardInterrupt, ImportError):
+        if not heard:
+            raise
+        sys.exit(INTERRUPTED_STATUS)
+    finally:
+        if default:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not heard:
+            sys.stderr.write(held.getvalue())
 
 
 @contextlib.contextmanager

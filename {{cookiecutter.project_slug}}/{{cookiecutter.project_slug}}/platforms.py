@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import cli, hardware, output_folder, roll_call
-from .errors import PlatformError, gpu_shortage
+from .errors import INTERRUPTED_STATUS, PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
 DEFAULT_PORT = 29500
@@ -393,4 +393,7 @@ def _parsed(parse, argv: list[str]):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except KeyboardInterrupt:  # Ctrl-C before anything started: run.sh ends with it, without a traceback
+        sys.exit(INTERRUPTED_STATUS)

@@ -16,12 +16,15 @@ import sys
 import threading
 import warnings
 
-from torch.distributed import DistNetworkError, DistStoreError
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
+from .errors import ended_quietly_by_ctrl_c
 
-from .distributed import store_roll_call
+with ended_quietly_by_ctrl_c():  # while torch loads
+    from torch.distributed import DistNetworkError, DistStoreError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
+
+    from .distributed import store_roll_call
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, said, said_once_per_machine
 from .roll_call import RollCall, not_met, say_while_meeting
 from .settings import LAUNCHER
