@@ -2,6 +2,7 @@
 followed, its extra columns filled or refused in one line, masks run-length encoded."""
 
 import argparse
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -153,6 +154,7 @@ def test_an_extracted_input_stays_until_the_last_process_of_the_machine_leaves_i
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where predict.py extracts the archive
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (gettempdir() reads TMPDIR again)
     (tmp_path / "tmp").mkdir()
     with zipfile.ZipFile(tmp_path / "test.zip", "w") as archive:
         archive.writestr("test/a.png", b"an image")
@@ -166,6 +168,7 @@ def test_an_extracted_input_stays_until_the_last_process_of_the_machine_leaves_i
 
 def test_a_process_that_leaves_as_another_removes_the_extraction_ends_without_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (gettempdir() reads TMPDIR again)
     (tmp_path / "tmp").mkdir()
     with zipfile.ZipFile(tmp_path / "test.zip", "w") as archive:
         archive.writestr("test/a.png", b"an image")
@@ -182,3 +185,17 @@ def test_a_relative_input_not_found_names_the_folder_it_was_looked_for_in(tmp_pa
 
     with pytest.raises(UserError, match=f"--input ../test.csv not found in {tmp_path}: pass the file"):
         input_path("../test.csv", 1.0, 0, 0)
+
+
+def test_an_archive_that_cannot_be_extracted_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (gettempdir() reads TMPDIR again)
+    (tmp_path / "tmp").mkdir()
+    with zipfile.ZipFile(tmp_path / "whole.zip", "w") as whole:
+        whole.writestr("test/a.png", b"an image" * 1000)
+    (tmp_path / "test.zip").write_bytes((tmp_path / "whole.zip").read_bytes()[:-40])  # a download cut short
+
+    with pytest.raises(UserError, match="archive"):
+        input_path(str(tmp_path / "test.zip"), 1.0, 0, 0)
+
+    assert not list((tmp_path / "tmp").iterdir())

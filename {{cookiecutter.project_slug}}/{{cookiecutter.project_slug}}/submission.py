@@ -37,11 +37,15 @@ def input_path(path: str, max_gb: float, local_rank: int, rank: int) -> tuple[Pa
         return source, None
     key = hashlib.sha1(f"{source.resolve()} {archive.archive_identity(source)}".encode()).hexdigest()[:12]
     target = Path(tempfile.gettempdir()) / f"predict-{key}"
-    archive.ensure_extracted(
-        source, target, max_bytes=max_gb * 1e9, show_progress=archive.show_progress_here(local_rank)
-    )
-    _users(target).mkdir(exist_ok=True)
+    _users(target).mkdir(exist_ok=True)  # (before extracting: one that fails leaves nothing behind, see leave_input())
     (_users(target) / str(rank)).touch()
+    try:
+        archive.ensure_extracted(
+            source, target, max_bytes=max_gb * 1e9, show_progress=archive.show_progress_here(local_rank)
+        )
+    except BaseException:
+        leave_input(target, rank)
+        raise
     return archive.dataset_root(target), target
 
 
