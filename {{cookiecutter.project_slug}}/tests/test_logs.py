@@ -84,6 +84,21 @@ def test_the_error_line_that_ends_a_run_is_in_its_train_log_too_not_only_on_the_
     assert last.endswith(" error: --data-dir nowhere not found: pass the folder of the data")
 
 
+def test_ctrl_c_during_a_save_whose_writer_then_fails_is_the_interrupted_line_not_a_traceback(capsys):
+    @errors.explain_user_errors
+    def train(args):
+        try:
+            raise KeyboardInterrupt  # heard inside torch.save()
+        finally:
+            raise RuntimeError("unexpected pos 64 vs 0")  # its zip writer's cleanup, cut short
+
+    with pytest.raises(SystemExit) as ended:
+        train(None)
+
+    assert ended.value.code == errors.INTERRUPTED_STATUS
+    assert capsys.readouterr().err.startswith("error: interrupted (Ctrl-C): the checkpoints saved so far are kept")
+
+
 def test_a_fresh_run_in_a_folder_of_an_earlier_run_says_that_its_metrics_and_saves_are_replaced(tmp_path, caplog):
     logs.append_metrics(tmp_path / "metrics.jsonl", {"epoch": 1, "val_loss": 0.5})
 

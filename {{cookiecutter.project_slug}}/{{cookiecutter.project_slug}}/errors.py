@@ -227,6 +227,14 @@ def said(folder: Path) -> dict[str, int]:
     return claims
 
 
+def _by_ctrl_c(error: BaseException | None) -> bool:
+    """Ctrl-C, or an error that a framework raised as Ctrl-C unwound it (torch.save()'s writer, cut short, fails in
+    its own cleanup)."""
+    while error is not None and not isinstance(error, KeyboardInterrupt):
+        error = error.__context__
+    return error is not None
+
+
 def out_of_memory_is_a_user_error(out_of_memory: type[BaseException]):
     """Decorate a training or evaluation pass: the framework's `out_of_memory` error becomes one line that
     names the flags which lower the memory a step needs."""
@@ -264,7 +272,12 @@ def explain_user_errors(train):
     def train_or_explain(args) -> None:
         try:
             train(args)
-        except Exception as error:
+        except (Exception, KeyboardInterrupt) as error:
+            if _by_ctrl_c(error):  # one line for the machine, not a traceback from every process
+                error = UserError(
+                    "interrupted (Ctrl-C): the checkpoints saved so far are kept; the same command continues"
+                )
+                error.status = INTERRUPTED_STATUS
             explained = error if isinstance(error, UserError) else from_user_code(error)
             if explained is None:
                 raise
@@ -272,12 +285,5 @@ def explain_user_errors(train):
                 say(explained)
             _into_log_files(explained)
             sys.exit(explained.status)
-        except KeyboardInterrupt:  # one line for the machine, not a traceback from every process
-            interrupted = UserError(
-                "interrupted (Ctrl-C): the checkpoints saved so far are kept; the same command continues"
-            )
-            say(interrupted)
-            _into_log_files(interrupted)
-            sys.exit(INTERRUPTED_STATUS)
 
     return train_or_explain
