@@ -194,8 +194,9 @@ def drop_metrics_after(path: Path, epoch: int) -> None:
     if not path.exists():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if (recorded := epoch_of(line)) is not None and recorded <= epoch]
-    if epoch == 0 and any(epoch_of(line) for line in lines):  # --resume none, or a folder whose saves are gone
+    epochs = [epoch_of(line) for line in lines]
+    kept = [line for line, recorded in zip(lines, epochs, strict=True) if recorded is not None and recorded <= epoch]
+    if epoch == 0 and any(epochs):  # --resume none, or a folder whose saves are gone
         PACKAGE_LOGGER.warning(
             "this run starts afresh in %s: the earlier run's metrics and saves there are replaced (a new "
             "--output-dir keeps them)", path.parent,

@@ -155,9 +155,9 @@ def carry_best(loaded: Path | None, directory: Path, is_main: bool, wait_for_sav
     """A run resumed from a save in another folder: rank 0 copies that folder's best (its best.* files, or the save
     its link best names) into `directory` where it has none, so that the best there is the whole run's. A copy that
     fails is said, and training goes on: the best stays where it was."""
-    source = loaded.parent if loaded is not None else directory
-    if not is_main or source.resolve() == directory.resolve():
+    if not is_main or loaded is None or loaded.parent.resolve() == directory.resolve():
         return
+    source = loaded.parent
     if any(directory.glob("best.*")) or (directory / "best").exists():
         return
     files, link = sorted(source.glob("best.*"), key=lambda file: file.suffix == loaded.suffix), source / "best"

@@ -130,7 +130,7 @@ def _gave_up_in_cpp(log) -> bool:
 def _python_traceback(log) -> bool:
     """Whether a worker's log ends in a Python traceback (a worker that failed on its own, not by gloo giving up)."""
     end = _end_of(log)
-    return not _gave_up_in_cpp(log) and (end.startswith(b"Traceback (") or b"\nTraceback (" in end)
+    return _GLOO_GAVE_UP.encode() not in end and (end.startswith(b"Traceback (") or b"\nTraceback (" in end)
 
 
 def _end_of(log, size: int = 65536) -> bytes:
