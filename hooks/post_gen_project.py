@@ -87,7 +87,6 @@ def main(answers: dict) -> None:
     if answers["framework"] == "paddle":
         package = answers["project_slug"]
         if answers["paddle_api"] == "highlevel":
-            use_paddle_variant("training_highlevel.py", f"{package}/training.py")
             use_paddle_variant("fit.py", f"{package}/fit.py")
             Path("configs", "sharded.yaml").unlink()  # paddle.Model.fit trains in its own DataParallel: no sharding
         remove_paddle_variants()

@@ -30,6 +30,7 @@ SHARED_PACKAGE = {
     "submission",
     "hardware",  # what this machine has, its network included (standard library only)
     "training",
+    "fit",  # how the network trains: the basic loop, or (paddle_api=highlevel) paddle.Model.fit
     "workspace",
     "modelarts",
     "kernel_ranks",
@@ -151,9 +152,7 @@ def expected_files(answers: dict, slug: str = "dist_train") -> set[str]:
         files.add(f"{slug}/fsdp.py")  # FSDP2: --strategy fsdp, hsdp
     else:
         files.add(f"{slug}/sharding.py")  # --strategy sharding
-    if answers["framework"] == "paddle" and answers.get("paddle_api") == "highlevel":
-        files.add(f"{slug}/fit.py")  # paddle.Model.fit's epoch callback
-    else:
+    if answers["framework"] == "pytorch" or answers.get("paddle_api") != "highlevel":
         files.add("configs/sharded.yaml")  # (paddle.Model.fit does not shard)
     files |= {f"tests/{name}" for name in SHARED_TESTS | FRAMEWORK_TESTS[answers["framework"]]}
     if answers.get("dataset", "zip") == "zip":

@@ -72,6 +72,27 @@ def share_size(size: int, consumed: int, world_size: int) -> int:
     return (size - min(consumed, size) + padding_of(size, consumed, world_size)) // world_size
 
 
+class RestOfEpoch:
+    """What the loaders' ResumableSampler (a framework's distributed sampler) counts of an epoch that goes on after
+    its first `consumed` samples, dealt to `ranks` processes in batches of `batch_size` from its `dataset`."""
+
+    consumed = 0
+
+    def share(self, order: list[int], rank: int) -> list[int]:
+        return rest_of_epoch(order, self.consumed, rank, self.ranks)
+
+    def share_size(self) -> int:
+        return share_size(len(self.dataset), self.consumed, self.ranks)
+
+    @property
+    def padding(self) -> int:
+        return padding_of(len(self.dataset), self.consumed, self.ranks)
+
+    def consumed_after(self, batches: int) -> int:
+        """The samples of the epoch's order trained once every rank has trained `batches` more (whole) batches."""
+        return self.consumed + batches * self.batch_size * self.ranks
+
+
 def val_count(count: int, fraction: float) -> int:
     """Samples of a label held out: fraction x count rounded, at least one (if two or more), at most count - 1."""
     return 0 if count < 2 else min(count - 1, max(1, int(fraction * count + 0.5)))
@@ -113,6 +134,18 @@ def quantile_bins(values, folds: int) -> list[int]:
     bins = max(1, min(10, len(values) // folds))
     edges = np.quantile(values, np.linspace(0, 1, bins + 1)[1:-1])
     return np.searchsorted(edges, values, side="right").tolist()
+
+
+def with_leaves(batch, convert):
+    """A batch of any structure (a tuple, a list, a named tuple, a dict, nested) with convert() of each of the other
+    values in it (its tensors and arrays)."""
+    if isinstance(batch, Mapping):
+        return {key: with_leaves(value, convert) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(with_leaves(value, convert) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(with_leaves(value, convert) for value in batch)
+    return convert(batch)
 
 
 def structure(value) -> str:

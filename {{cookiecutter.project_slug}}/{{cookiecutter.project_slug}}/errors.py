@@ -45,6 +45,17 @@ def gpu_shortage(processes: int, gpus: int, device: str) -> str | None:
     return more_processes_than_gpus(processes, gpus) if device != "cpu" and 0 < gpus < processes else None
 
 
+def unusable_gpus(framework: str, cuda: str | None, cpu_build_fix: str) -> str:
+    """Why `framework` (its name and version), built for `cuda` (None: a CPU build), cannot use the GPUs the NVIDIA
+    driver shows."""
+    if cuda is None:
+        return f"this {framework} is a CPU build: {cpu_build_fix}"
+    return (
+        f"{framework}, built for CUDA {cuda}, cannot use the GPUs the NVIDIA driver shows (a driver older than that "
+        "CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
+    )
+
+
 def os_words(error: OSError) -> str:
     """An OSError in words: why, and the path it names where it names one (a full disk names none)."""
     return f"{error.strerror or error}: {error.filename}" if error.filename else str(error.strerror or error)

@@ -82,10 +82,11 @@ class Task:
                 )
         return dict(chosen)
 
-    def network(self, description: dict, outputs: int | None = None):
-        """model.build_model(): the network of `outputs` (by default the description's, its num_classes), with its
-        model_options()."""
-        return self.model.build_model(outputs or description["num_classes"], **self.model_options(description))
+    def network(self, description: dict, outputs: int | None = None, weights: dict | None = None):
+        """model.build_model(): the network of `outputs`, by default the description's (its num_classes) or, for bare
+        `weights`, the size of the last tensor saved (the last layer's bias in most networks); with model_options()."""
+        outputs = outputs or description.get("num_classes") or int(list(weights.values())[-1].shape[0])
+        return self.model.build_model(outputs, **self.model_options(description))
 
     def model_options(self, description: dict) -> dict:
         """The keyword arguments of build_model(): those it names that the data description fills (channels, a

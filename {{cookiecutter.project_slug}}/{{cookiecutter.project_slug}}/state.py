@@ -147,13 +147,13 @@ class TrainingState:
 class CheckpointerBase:
     """Save and resume the model, optimizer, schedule and scaler (None where the framework keeps its own).
 
-    A framework's Checkpointer adds its files: _write() (rank 0; every rank where _every_rank_writes)
+    A framework's Checkpointer adds its files: _write() (rank 0; every rank where _sharded)
     and _read(), which loads the model, optimizer, schedule and scaler; _init_weights() for
     --init-from; and its random streams and schedule's rates (its base rate; the rate of the schedule's factor).
     `schedule` is engine.cosine_schedule()'s Schedule.
     """
 
-    _every_rank_writes = False  # a framework's Checkpointer sets it where each rank saves its own shards
+    _sharded = False  # a framework's Checkpointer sets it where each rank saves its own shards
     _saves_in_background = False  # and this where those saves can be written while training goes on
 
     def __init__(
@@ -303,7 +303,7 @@ class CheckpointerBase:
         # Every rank's random streams and progress are gathered; only rank 0 writes (every rank its shards).
         per_rank = distributed.all_gather_object((self._capture_rng(), state.progress.to_dict()))
         problem = None
-        if self.env.is_main or self._every_rank_writes:
+        if self.env.is_main or self._sharded:
             training = {
                 "epoch": state.epochs_done,
                 "best_metric": state.best_metric,

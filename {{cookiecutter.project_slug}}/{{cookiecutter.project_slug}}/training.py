@@ -1,13 +1,12 @@
 """The training job, step by step: what every process does, started by run.py, run.sh or notebook.launch()."""
 
-import time
 from pathlib import Path
 
 from . import (
     archive,
-    cli,
     distributed,
     engine,
+    fit,
     folds,
     loaders,
     logs,
@@ -60,20 +59,14 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         with engine.whole_on_rank0_only(env, args.strategy, args.init_from):
             network = task.network(data)
         network = distributed.sync_batch_norm(network, env, args.sync_bn)
-        amp_dtype = engine.mixed_precision(args.amp, args.amp_dtype, env)
-        model = distributed.wrap_model(
-            network, env, args.find_unused_parameters, args.compile, args.channels_last, args.strategy,
-            args.activation_checkpointing, amp_dtype, task.units, args.reshard_after_forward,
-        )  # fmt: skip
-        engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
-        optimizer = task.optimizer(model, cli.DEFAULT_LR if args.lr is None else args.lr)
-        schedule = engine.cosine_schedule(optimizer, args.epochs)
-        scaler = engine.grad_scaler(amp_dtype)
-        model, optimizer, scaler = distributed.wrap_optimizer(model, optimizer, scaler, args.strategy)
+        trained = fit.prepare(network, train_loader, env, task, args)  # wrapped, its optimizer, schedule, precision
+        model, amp_dtype = trained.model, trained.amp_dtype
 
         output_dir = Path(args.output_dir)
         best = (task.best_metric, task.best_mode)  # what picks best.*
-        checkpoints = Checkpointer(output_dir / "checkpoints", env, model, optimizer, schedule, scaler, data, best)
+        checkpoints = Checkpointer(
+            output_dir / "checkpoints", env, model, trained.optimizer, trained.schedule, trained.scaler, data, best
+        )
         checkpoints.every_steps, checkpoints.keep_best = args.save_every_steps, args.keep_best
         checkpoints.save_in_background(args.save_async)
         checkpoints.ema = ema = engine.Ema(model, args.ema)  # started by resume() under --ema, or the checkpoint's
@@ -93,7 +86,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         global_batch = logs.log_job(
             env, args.batch_size, args.grad_accum, len(train_set), len(val_set), workers, amp_dtype
         )
-        logs.log_model(args.strategy, *engine.training_memory(model, optimizer))
+        logs.log_model(args.strategy, *engine.training_memory(model, trained.optimizer))
         watch = LoaderWatch.of(train_loader, env)  # the wait for batches, and a hint when more workers help
         metrics = logs.MetricsLog(
             output_dir / "metrics.jsonl", env.is_main, args.epochs, state.epochs_done,
@@ -112,22 +105,9 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
                 "nothing to train: the checkpoint is at epoch %d and --epochs is %d", state.epochs_done, args.epochs
             )
         try:
-            for epoch in range(state.epochs_done + 1, args.epochs + 1):
-                if state.stops_early(args.patience):  # (a rerun of a stopped run too: it trains nothing)
-                    break
-                started = time.perf_counter()
-                train_stats = engine.train_one_epoch(
-                    model, train_loader, optimizer, scaler, env, epoch, state.progress, stop, task,
-                    grad_accum=args.grad_accum, log_every=args.log_every, tracker=tracker, watch=watch,
-                    amp_dtype=amp_dtype, clip_grad_norm=args.clip_grad_norm, saves=checkpoints, schedule=schedule,
-                    ema=ema,
-                )  # fmt: skip
-                with engine.collective_timeouts(f"epoch {epoch}'s validation and save", env):
-                    with ema.swapped():  # validation, and so best.*, --patience and --keep-best: the averaged weights
-                        val_stats = engine.evaluate(model, val_loader, env, task, amp_dtype)
-                    tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
-                    checkpoints.end_epoch(epoch, val_stats, args.min_delta)
-                    stop.after_epoch(env, epoch, args.epochs)
+            fit.run_epochs(
+                trained, train_loader, val_loader, env, state, stop, task, args, checkpoints, tracker, metrics, watch
+            )
             checkpoints.wait_for_save()
             folds.predict_out_of_fold(
                 args, checkpoints, model, val_loader, val_set, env, task, amp_dtype, state.epochs_done > resumed_at

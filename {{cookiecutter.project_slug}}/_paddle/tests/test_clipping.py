@@ -1,7 +1,6 @@
 """--clip-grad-norm: no optimizer step moves the weights further than the clipped gradient allows, in every loop
 the project ships (its own, and paddle.Model.fit in a paddle_api=highlevel project)."""
 
-import importlib.util
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +11,7 @@ from curves import CPU
 from paddle import nn
 from paddle.io import TensorDataset
 
-from {{ cookiecutter.project_slug }} import engine, loaders, seam
+from {{ cookiecutter.project_slug }} import engine, fit, loaders, seam
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.preemption import EpochProgress, StopRequest
 from {{ cookiecutter.project_slug }}.state import TrainingState
@@ -46,9 +45,7 @@ def with_fit(network, loader, clip_grad_norm: float | None) -> None:
 
 
 LOOPS = {"own loop": with_own_loop}
-if importlib.util.find_spec("{{ cookiecutter.project_slug }}.fit"):  # paddle_api=highlevel
-    from {{ cookiecutter.project_slug }} import fit
-
+if hasattr(fit, "EpochEnd"):  # paddle_api=highlevel: fit.py runs paddle.Model.fit
     LOOPS["paddle.Model.fit"] = with_fit
 
 

@@ -59,19 +59,19 @@ FAILING_EPOCH = """
 
 import os
 
-_train_one_epoch = train_one_epoch
+_run_epochs = run_epochs
 
 
-def train_one_epoch(*args, **kwargs):  # noqa: F811 - a test fails rank 1 as its first epoch starts
+def run_epochs(*args, **kwargs):  # noqa: F811 - a test fails rank 1 as its first epoch starts (either loop's)
     if os.environ.get("PADDLE_TRAINER_ID") == "1":
         raise RuntimeError("rank 1 broke")
-    return _train_one_epoch(*args, **kwargs)
+    return _run_epochs(*args, **kwargs)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "module, code, said", [("model", FAILING_STEP, "error: rank 1 cannot go on"), ("engine", FAILING_EPOCH, None)]
+    "module, code, said", [("model", FAILING_STEP, "error: rank 1 cannot go on"), ("fit", FAILING_EPOCH, None)]
 )
 def test_a_rank_that_fails_in_a_training_step_is_the_jobs_failure_not_the_others_gloo_giving_up(
     project_root, tmp_path, module, code, said

@@ -10,7 +10,6 @@ norm or dropout, whose results depend on how a batch is split. The loops train i
 task of the test's own (the cross-entropy of (inputs, labels) batches), whatever the project's task.
 """
 
-import importlib.util
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,7 +21,7 @@ from conftest import assert_really_trained, assert_trained_alike, rank_results, 
 from paddle import nn
 from paddle.io import TensorDataset
 
-from {{ cookiecutter.project_slug }} import distributed, engine, loaders, seam
+from {{ cookiecutter.project_slug }} import distributed, engine, fit, loaders, seam
 from {{ cookiecutter.project_slug }}.preemption import EpochProgress, StopRequest
 from {{ cookiecutter.project_slug }}.state import TrainingState
 
@@ -92,9 +91,7 @@ def with_fit(network: nn.Layer, loader, env, grad_accum: int) -> list[dict]:
 
 
 LOOPS = {"own loop": with_own_loop}
-if importlib.util.find_spec("{{ cookiecutter.project_slug }}.fit"):  # paddle_api=highlevel
-    from {{ cookiecutter.project_slug }} import fit
-
+if hasattr(fit, "EpochEnd"):  # paddle_api=highlevel: fit.py runs paddle.Model.fit
     LOOPS["paddle.Model.fit"] = with_fit
 
 

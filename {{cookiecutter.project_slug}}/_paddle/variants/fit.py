@@ -9,21 +9,24 @@ too), sums the loss and samples over all ranks and hands them to the caller's en
 function (validation, metrics, checkpoints); after each optimizer step it asks whether a
 SIGTERM stops the run, and then raises preemption.Stopped, as the basic loop does, or else whether a mid-epoch
 checkpoint is due (--save-every-steps); it advances the schedule and the average of --ema after each.
+training.py calls prepare() (the model, the optimizer, its schedule, mixed precision) and run_epochs(), as it calls
+the basic loop's.
 """
 
 import logging
 import math
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import paddle
 from paddle.io import DataLoader
 from paddle.static import InputSpec
 
-from . import distributed, engine, loaders
+from . import cli, distributed, engine, loaders
 from .batches import sample_count
 from .distributed import DistEnv
+from .errors import UserError, out_of_memory_is_a_user_error
 from .logs import LoaderWatch, LossLog, TrackerBase
 from .preemption import Diverged, EpochProgress, Stopped, StopRequest
 from .seam import Task
@@ -33,6 +36,72 @@ log = logging.getLogger(__name__)
 
 # fit() copies each batch with paddle.to_tensor(), which warns about it.
 warnings.filterwarnings("ignore", "To copy construct from a tensor")
+
+
+@dataclass
+class Trainable:
+    """The network made trainable: `model` is what is validated and saved (the network itself), `fitted` the
+    paddle.Model that trains it; `amp_dtype` ("fp16" or None) the run's mixed precision."""
+
+    model: paddle.nn.Layer
+    optimizer: paddle.optimizer.Optimizer
+    schedule: Schedule
+    scaler: None
+    amp_dtype: str | None
+    fitted: paddle.Model
+
+
+def prepare(network: paddle.nn.Layer, train_loader: DataLoader, env: DistEnv, task: Task, args) -> Trainable:
+    if args.strategy != "ddp":  # the basic loop's: fit() wraps the network in a DataParallel of its own
+        raise UserError(
+            "--strategy sharding: paddle.Model.fit() trains in its own DataParallel, which does not shard; a "
+            "project baked with paddle_api=basic shards (or drop --strategy)",
+            shown=env.local_rank == 0,
+        )
+    fitted = paddle_model(network, train_loader, task, args.compile, args.channels_last, args.activation_checkpointing)
+    engine.seed_everything(args.seed + env.rank)  # then each rank its own random stream
+    optimizer = task.optimizer(network, cli.DEFAULT_LR if args.lr is None else args.lr)
+    clip_gradients(optimizer, args.clip_grad_norm)
+    schedule = engine.cosine_schedule(optimizer, args.epochs)
+    # paddle.Model's mixed precision is float16 only (its amp_configs take no dtype).
+    amp_dtype = "fp16" if engine.mixed_precision(args.amp, args.amp_dtype, env) else None
+    if amp_dtype and args.amp_dtype == "bf16":
+        log.warning("--amp-dtype bf16: paddle.Model's mixed precision is float16 only, so this run uses float16")
+    return Trainable(network, optimizer, schedule, None, amp_dtype, fitted)
+
+
+def run_epochs(
+    trained: Trainable, train_loader: DataLoader, val_loader: DataLoader, env: DistEnv, state: TrainingState,
+    stop: StopRequest, task: Task, args, saves, tracker: TrackerBase, metrics, watch: LoaderWatch,
+) -> None:  # fmt: skip
+    """fit() over the epochs after the state's (none once --patience stopped the run); after each, as in the basic
+    loop: validation (the weights --ema averages, if any), `metrics` and `tracker`, the Checkpointer `saves`, a vote
+    on a stop."""
+    fitted = trained.fitted
+    # (After the resume: the accumulation steps may be the checkpoint's.)
+    amp_configs = "O1" if trained.amp_dtype else None
+    fitted.prepare(trained.optimizer, accumulated_loss(args.grad_accum), amp_configs=amp_configs)
+
+    def end_epoch(epoch: int, train_stats: dict, started: float) -> None:
+        """After fit's training steps and its learning-rate step: the rest of the basic loop's epoch."""
+        with saves.ema.swapped():  # validation, and so best.*, --patience and --keep-best: the averaged weights
+            val_stats = engine.evaluate(trained.model, val_loader, env, task, trained.amp_dtype)
+        tracker.epoch(epoch, metrics.report(epoch, train_stats, val_stats, started))
+        saves.end_epoch(epoch, val_stats, args.min_delta)
+        stop.after_epoch(env, epoch, args.epochs)
+        fitted.stop_training = epoch < args.epochs and state.stops_early(args.patience)  # fit ends after this epoch
+
+    if state.epochs_done >= args.epochs or state.stops_early(args.patience):  # (a rerun of a stopped run too)
+        return
+    epoch_end = EpochEnd(
+        train_loader, env, state, stop, end_epoch, args.grad_accum, args.log_every, tracker, watch, saves=saves,
+        schedule=trained.schedule, ema=saves.ema,
+    )  # fmt: skip
+    # (paddle raises out of memory, on a GPU or in RAM, as a MemoryError; engine.evaluate() says so too)
+    out_of_memory_is_a_user_error(MemoryError)(fitted.fit)(
+        epoch_end.batches, epochs=args.epochs - state.epochs_done, verbose=0,  # EpochEnd logs instead
+        accumulate_grad_batches=args.grad_accum, callbacks=[schedule_left_to_epoch_end(), epoch_end],
+    )  # fmt: skip
 
 
 class TaskLoss(paddle.nn.Layer):

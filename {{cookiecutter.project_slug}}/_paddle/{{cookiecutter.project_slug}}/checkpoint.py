@@ -64,10 +64,6 @@ class Checkpointer(CheckpointerBase):
     def _sharded(self) -> bool:
         return sharding.holds_part(self.optimizer)
 
-    @property
-    def _every_rank_writes(self) -> bool:
-        return self._sharded
-
     def load_best(self) -> None:
         """The best epoch's model back (last's where no epoch was best): a fold's out-of-fold predictions."""
         self._read(str(newest(self.directory, BEST) or self.last_path))

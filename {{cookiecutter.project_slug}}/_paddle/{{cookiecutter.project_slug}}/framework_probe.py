@@ -7,7 +7,7 @@ import paddle
 import paddle.distributed as dist
 
 from . import hardware
-from .errors import UserError, gpu_shortage
+from .errors import UserError, gpu_shortage, unusable_gpus
 
 
 def framework_build() -> str:
@@ -40,12 +40,8 @@ def gpu_problem() -> str | None:
     """Why this paddle cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
     if gpu_available() or not hardware.nvidia_driver_present():
         return None
-    if not paddle.device.is_compiled_with_cuda():
-        return f"this paddle {paddle.__version__} is a CPU build: install paddlepaddle-gpu for your CUDA (README.md)"
-    return (
-        f"paddle {paddle.__version__}, built for CUDA {paddle.version.cuda()}, cannot use the GPUs the NVIDIA driver "
-        "shows (a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
-    )
+    cuda = paddle.version.cuda() if paddle.device.is_compiled_with_cuda() else None
+    return unusable_gpus(f"paddle {paddle.__version__}", cuda, "install paddlepaddle-gpu for your CUDA (README.md)")
 
 
 def check_gpus_for(nproc: int, device: str) -> None:

@@ -62,18 +62,12 @@ def load_for_inference(
 
 
 def load_with_data(
-    checkpoint: str | Path,
-    device: str = "auto",
-    num_classes: int | None = None,
-    task: Task | None = None,
-    averaged: bool = True,
+    checkpoint, device="auto", num_classes=None, task=None, averaged=True
 ) -> tuple[paddle.nn.Layer, dict]:
-    """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
-    (predict.py's: a large checkpoint is read once)."""
-    checkpoint = Path(checkpoint)
-    weights, data = read_weights(checkpoint, averaged)
-    outputs = num_classes or data.get("num_classes") or int(list(weights.values())[-1].shape[0])
-    model = (task or Task()).network(data, outputs)
+    """load_for_inference()'s model (its arguments) and checkpoint_data()'s description from one read of the
+    checkpoint (predict.py's: a large checkpoint is read once)."""
+    weights, data = read_weights(Path(checkpoint), averaged)
+    model = (task or Task()).network(data, num_classes, weights)
     expected = model.state_dict()
     for key, value in expected.items():
         if key not in weights or list(weights[key].shape) != list(value.shape):

@@ -5,7 +5,6 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Mapping
 
 import numpy as np
 import paddle
@@ -13,13 +12,13 @@ from paddle.io import DataLoader, Dataset, DistributedBatchSampler
 from paddle.io.dataloader.collate import default_collate_fn
 
 from . import hardware
-from .batches import DealtBatches, GuardedCollate, GuardedDataset, padding_of, rest_of_epoch, share_size
+from .batches import DealtBatches, GuardedCollate, GuardedDataset, RestOfEpoch, with_leaves
 from .distributed import DistEnv
 from .errors import UserError
 from .roll_call import end_with_the_rank
 
 
-class ResumableSampler(DistributedBatchSampler):
+class ResumableSampler(RestOfEpoch, DistributedBatchSampler):
     """A DistributedBatchSampler that can go on with a stopped epoch: it leaves out the first `consumed` samples
     of the epoch's order, those the ranks trained before the stop (on this or any other number of processes),
     and deals the rest as batches.rest_of_epoch() does, in batches of `batch_size`.
@@ -29,27 +28,17 @@ class ResumableSampler(DistributedBatchSampler):
     shards to equal length with `padding` repeated samples, so every rank takes as many steps.
     """
 
-    consumed = 0
-
     def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int):
         super().__init__(dataset, batch_size, num_replicas=env.world_size, rank=env.rank, shuffle=True)
-        self.seed = seed
+        self.seed, self.ranks = seed, env.world_size
 
     def __iter__(self):
         order = np.random.RandomState(self.seed + self.epoch).permutation(len(self.dataset)).tolist()
-        share = rest_of_epoch(order, self.consumed, self.local_rank, self.nranks)
+        share = self.share(order, self.local_rank)
         return (share[start : start + self.batch_size] for start in range(0, len(share), self.batch_size))
 
     def __len__(self) -> int:
-        return -(-share_size(len(self.dataset), self.consumed, self.nranks) // self.batch_size)
-
-    @property
-    def padding(self) -> int:
-        return padding_of(len(self.dataset), self.consumed, self.nranks)
-
-    def consumed_after(self, batches: int) -> int:
-        """The samples of the epoch's order trained once every rank has trained `batches` more (whole) batches."""
-        return self.consumed + batches * self.batch_size * self.nranks
+        return -(-self.share_size() // self.batch_size)
 
 
 def build_loaders(
@@ -126,12 +115,8 @@ def _exit_when_a_loader_thread_fails(failure, previous=threading.__excepthook__)
 def to_device(batch, device: str):
     """A batch of any structure (a tensor or numpy array, a tuple, a list, a dict, nested) with its arrays as
     tensors on `device` ("cpu", "gpu:N"). Paddle's loaders put their tensors on the process's device already."""
-    if isinstance(batch, np.ndarray):
-        return paddle.to_tensor(batch, place=device)
-    if isinstance(batch, Mapping):
-        return {key: to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(to_device(value, device) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(value, device) for value in batch)
-    return batch
+    return with_leaves(batch, lambda value: _on_device(value, device))
+
+
+def _on_device(value, device: str):
+    return paddle.to_tensor(value, place=device) if isinstance(value, np.ndarray) else value

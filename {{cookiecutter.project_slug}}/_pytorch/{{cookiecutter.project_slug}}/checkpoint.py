@@ -61,10 +61,6 @@ class Checkpointer(CheckpointerBase):
         return fsdp.is_sharded(self.model)
 
     @property
-    def _every_rank_writes(self) -> bool:
-        return self._sharded
-
-    @property
     def _saves_in_background(self) -> bool:
         return self._sharded
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from . import hardware
-from .errors import UserError, gpu_shortage
+from .errors import UserError, gpu_shortage, unusable_gpus
 
 
 def framework_build() -> str:
@@ -40,12 +40,8 @@ def gpu_problem() -> str | None:
     """Why this torch cannot use the GPUs that the NVIDIA driver shows; None where it can, or there are none."""
     if gpu_available() or not hardware.nvidia_driver_present():
         return None
-    if torch.version.cuda is None:
-        return f"this torch {torch.__version__} is a CPU build: install a CUDA build of torch (README.md, Installing)"
-    return (
-        f"torch {torch.__version__}, built for CUDA {torch.version.cuda}, cannot use the GPUs the NVIDIA driver shows "
-        "(a driver older than that CUDA needs? nvidia-smi shows the newest CUDA the driver runs)"
-    )
+    cpu_build_fix = "install a CUDA build of torch (README.md, Installing)"
+    return unusable_gpus(f"torch {torch.__version__}", torch.version.cuda, cpu_build_fix)
 
 
 def check_gpus_for(nproc: int, device: str) -> None:

@@ -59,19 +59,13 @@ def load_for_inference(
 
 
 def load_with_data(
-    checkpoint: str | Path,
-    device: str | torch.device = "auto",
-    num_classes: int | None = None,
-    task: Task | None = None,
-    averaged: bool = True,
+    checkpoint, device="auto", num_classes=None, task=None, averaged=True
 ) -> tuple[torch.nn.Module, dict]:
-    """load_for_inference()'s model and checkpoint_data()'s description from one read of the checkpoint
-    (predict.py's: a large checkpoint is read once)."""
-    checkpoint = Path(checkpoint)
+    """load_for_inference()'s model (its arguments) and checkpoint_data()'s description from one read of the
+    checkpoint (predict.py's: a large checkpoint is read once)."""
     target = pick_device(device)
-    weights, data = read_weights(checkpoint, averaged)
-    outputs = num_classes or data.get("num_classes") or len(list(weights.values())[-1])
-    model = (task or Task()).network(data, outputs)
+    weights, data = read_weights(Path(checkpoint), averaged)
+    model = (task or Task()).network(data, num_classes, weights)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:

@@ -1,18 +1,16 @@
 """The data loaders: each rank its shard of the data, --batch-size samples per batch; batches to the device."""
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from . import hardware
-from .batches import DealtBatches, GuardedCollate, GuardedDataset, padding_of, rest_of_epoch, share_size
+from .batches import DealtBatches, GuardedCollate, GuardedDataset, RestOfEpoch, with_leaves
 from .distributed import DistEnv
 from .roll_call import end_with_the_rank
 
 
-class ResumableSampler(DistributedSampler):
+class ResumableSampler(RestOfEpoch, DistributedSampler):
     """A DistributedSampler that can go on with a stopped epoch: it leaves out the first `consumed` samples of
     the epoch's order, those the ranks trained before the stop (on this or any other number of processes), and
     deals the rest as batches.rest_of_epoch() does (with `consumed` 0, the samples DistributedSampler gives).
@@ -20,29 +18,19 @@ class ResumableSampler(DistributedSampler):
     It pads the shards to equal length with `padding` repeated samples, so every rank takes as many steps.
     """
 
-    consumed = 0
-
     def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int):
         super().__init__(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed)
-        self.batch_size = batch_size
+        self.batch_size, self.ranks = batch_size, env.world_size
 
     def __iter__(self):
         # DistributedSampler's order of the epoch: one permutation of the whole set, whatever the number of ranks.
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
-        return iter(rest_of_epoch(order, self.consumed, self.rank, self.num_replicas))
+        return iter(self.share(order, self.rank))
 
     def __len__(self) -> int:
-        return share_size(len(self.dataset), self.consumed, self.num_replicas)
-
-    @property
-    def padding(self) -> int:
-        return padding_of(len(self.dataset), self.consumed, self.num_replicas)
-
-    def consumed_after(self, batches: int) -> int:
-        """The samples of the epoch's order trained once every rank has trained `batches` more (whole) batches."""
-        return self.consumed + batches * self.batch_size * self.num_replicas
+        return self.share_size()
 
 
 def build_loaders(
@@ -93,14 +81,10 @@ def train_sampler(loader: DataLoader) -> ResumableSampler:
 def to_device(batch, device: torch.device):
     """A batch of any structure (a tensor or numpy array, a tuple, a list, a dict, nested) with its arrays as
     tensors on `device`."""
-    if isinstance(batch, np.ndarray):
-        batch = torch.from_numpy(batch)
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return {key: to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(to_device(value, device) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(value, device) for value in batch)
-    return batch
+    return with_leaves(batch, lambda value: _on_device(value, device))
+
+
+def _on_device(value, device: torch.device):
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
