@@ -244,12 +244,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--channels-last", action="store_true", help="channels-last memory format for convolution nets (PyTorch)"
     )
     parser.add_argument(
-        "--workers",
-        type=non_negative_int,
-        help="data-loading worker processes per rank (default: none on CPUs; on GPUs the cores each process may "
-        "use, less one, at most 8)",
-    )
-    parser.add_argument(
         "--log-every", type=positive_int, help="steps between loss lines (default: about five an epoch, at most 50)"
     )
     parser.add_argument(
@@ -356,12 +350,6 @@ def build_predict_parser() -> argparse.ArgumentParser:
     options.add(parser, "PREDICT_OPTIONS")
     add_weights_flag(parser, "predicting")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="inputs per forward pass")
-    parser.add_argument(
-        "--workers",
-        type=non_negative_int,
-        help="input-reading worker processes per process (default: as run.py's --workers, none on CPUs; on GPUs "
-        "the cores each process may use, less one, at most 8)",
-    )
     add_process_flags(parser)
     return parser
 
@@ -378,9 +366,16 @@ def add_weights_flag(parser: argparse.ArgumentParser, use: str) -> None:
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags run.py and predict.py share: the device, the wait for the other processes, archive extraction."""
+    """The flags run.py and predict.py share: the device, the loader workers, the wait for the other processes,
+    archive extraction."""
     parser.add_argument(
         "--device", choices=("auto", "cpu", "gpu"), default="auto", help="auto: a GPU where there is one"
+    )
+    parser.add_argument(
+        "--workers",
+        type=non_negative_int,
+        help="worker processes per process that read the inputs (default: none on CPUs; on GPUs the cores each "
+        "process may use, less one, at most 8)",
     )
     parser.add_argument(
         "--dist-timeout",
