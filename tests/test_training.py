@@ -250,6 +250,18 @@ def test_a_baked_projects_own_test_suite_passes(bake, framework):
     assert " passed" in summary and "failed" not in summary and "error" not in summary
 
 
+def test_a_paddle_model_fit_projects_own_tests_of_its_loop_pass(bake):
+    """The tests a paddle_api=highlevel project alone runs (the rest of its suite is the basic project's, above):
+    paddle.Model.fit trains as the basic loop does, clips as it does, and a rank failing in it is the job's line."""
+    project = bake(framework="paddle", paddle_api="highlevel")
+    tests = ["tests/test_parity.py", "tests/test_clipping.py", "tests/test_launcher.py"]
+    result = run(["python", "-m", "pytest", "-v", "-p", "no:cacheprovider", *tests, "-k", "fit"], project, timeout=600)
+
+    assert result.returncode == 0, what_failed(result.stdout)
+    assert result.stdout.count("[paddle.Model.fit] PASSED") == 6, result.stdout[-3000:]
+    assert "test_a_rank_that_fails_in_a_training_step" in result.stdout
+
+
 def what_failed(pytest_output: str) -> str:
     """The failures pytest reported and its last lines: the tail alone can be all durations."""
     starts = [index for index in (pytest_output.find("= ERRORS ="), pytest_output.find("= FAILURES =")) if index >= 0]
