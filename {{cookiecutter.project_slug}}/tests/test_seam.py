@@ -165,6 +165,23 @@ def test_a_model_option_build_model_does_not_take_is_one_line_naming_those_it_ta
     assert with_model(lambda num_classes, **options: None).chosen_options([("depth", 3)]) == {"depth": 3}
 
 
+@pytest.mark.parametrize("value", ["abc", 2.5, True, None])
+def test_a_model_option_of_another_kind_than_its_number_default_is_one_line(value):
+    with pytest.raises(UserError) as error:
+        with_model(wide_cnn).chosen_options([("width", value)])
+    assert str(error.value) == (
+        f"--model-option width={value}: build_model() in model.py takes width as a whole number (its default is 128)"
+    )
+
+
+def test_a_model_option_without_a_number_default_takes_any_value_and_a_float_one_takes_a_whole_number():
+    def build_model(num_classes, dropout=0.1, activation="relu", norm=None, pretrained=False):
+        return num_classes
+
+    options = [("dropout", 0), ("activation", "gelu"), ("norm", "batch"), ("pretrained", True)]
+    assert with_model(build_model).chosen_options(options) == dict(options)
+
+
 def test_model_options_fill_only_the_arguments_build_model_takes():
     description = {"classes": ["a"], "image_size": 28, "channels": 1, "vocab_size": 900, "num_classes": 1}
 

@@ -27,6 +27,10 @@ MISREAD = (TypeError, ValueError, KeyError, IndexError, AttributeError)
 PAD = -100  # HF's: a task that pads its own batches with it reads the gathered values the same way
 
 
+# The kinds of a --model-option value that a build_model() parameter's number or bool default takes.
+_KINDS = {bool: ((bool,), "True or False"), int: ((int,), "a whole number"), float: ((int, float), "a number")}
+
+
 class Task:
     """What this project learns, from its three files (model.py, data.py, task.py: the modules given, for tests);
     task.py's best metric and its direction checked at once."""
@@ -67,17 +71,25 @@ class Task:
 
     def chosen_options(self, chosen: list[tuple[str, object]], shown: bool = True) -> dict:
         """--model-option's (name, value) pairs as keyword arguments, each a parameter that build_model() takes
-        (num_classes comes from the data); a name it does not take ends the job in one line naming those it does
-        (`shown`: on this rank)."""
-        parameters = inspect.signature(self.model.build_model).parameters.values()
+        (num_classes comes from the data); a name it does not take, or a value of another kind than the parameter's
+        number or bool default, ends the job in one line (`shown`: on this rank)."""
+        parameters = inspect.signature(self.model.build_model).parameters
         keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        accepted = [parameter.name for parameter in parameters if parameter.kind in keywords][1:]
-        takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)  # **options
-        for name, _ in chosen:
+        accepted = [parameter.name for parameter in parameters.values() if parameter.kind in keywords][1:]
+        takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+        for name, value in chosen:
             if name == "num_classes" or (name not in accepted and not takes_any):
                 raise UserError(
                     f"--model-option {name}: build_model() in model.py takes no such parameter; it takes "
                     f"{', '.join(accepted) or 'none but num_classes'}",
+                    shown=shown,
+                )
+            default = parameters[name].default if name in parameters else None
+            kinds, words = _KINDS.get(type(default), ((), ""))
+            if kinds and type(value) not in kinds:  # (a bool is no int here: width=True is a mistake)
+                raise UserError(
+                    f"--model-option {name}={value}: build_model() in model.py takes {name} as {words} (its default "
+                    f"is {default})",
                     shown=shown,
                 )
         return dict(chosen)
