@@ -5,6 +5,7 @@ import argparse
 import collections
 import csv
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -170,6 +171,27 @@ def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_fini
         folds.train_each(args, DistEnv(0, 0, 1, "cpu"), None, lambda run_args: pytest.fail("a fold was trained"))
     log = (tmp_path / "train.log").read_text(encoding="utf-8")  # (the package's logger does not propagate)
     assert "dist-template" in log and "is finished" not in log
+
+
+def test_array_tasks_whose_folds_end_at_once_each_write_the_pooled_out_of_fold_rows_without_tripping(tmp_path):
+    """Each array task whose fold ends last scores the folds, and writes DIR/oof.csv (the same rows): two at once
+    once ended one of them in FileNotFoundError (both wrote one temporary file, and one of them had moved it)."""
+    for fold in (0, 1):
+        Path(folds.fold_dir(tmp_path, fold)).mkdir(parents=True)
+        (Path(folds.fold_dir(tmp_path, fold)) / folds.OOF).write_text(f"id,p\n{fold},0.5\n", encoding="utf-8")
+
+    def write_often() -> None:
+        for _ in range(300):
+            folds._write_pooled_rows(tmp_path, 2)
+
+    writers = [multiprocessing.get_context("fork").Process(target=write_often) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert [writer.exitcode for writer in writers] == [0, 0]
+    assert (tmp_path / folds.OOF).read_text(encoding="utf-8") == "id,p\n0,0.5\n1,0.5\n"
+    assert not list(tmp_path.glob(".*tmp"))
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import argparse
 import csv
 import logging
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -161,7 +162,7 @@ def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Pa
 
 def write_folds(path: Path, ids: list[str], fold_of: list[int]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (array tasks may write it at once: the same)
+    temporary = _own_temporary(path)
     with open(temporary, "w", newline="", encoding="utf-8") as file:
         writer = csv.writer(file, lineterminator="\n")
         writer.writerow(["id", "fold"])
@@ -298,7 +299,7 @@ def cross_validate(directory: str | Path, task: Task) -> str:
     mean, std = float(np.mean(values)), float(np.std(values))
     results |= {"folds": folds, f"fold_{best}": values, f"fold_{best}_mean": mean, f"fold_{best}_std": std}
     _write_pooled_rows(directory, folds)
-    temporary = directory / f".{CV}.tmp"
+    temporary = _own_temporary(directory / CV)
     temporary.write_text(logs.json_text(results, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, directory / CV)
     oof = results[f"oof_{best}"]
@@ -312,7 +313,13 @@ def _write_pooled_rows(directory: Path, folds: int) -> None:
             table = list(csv.reader(file))
         header = header or table[0]
         rows.extend(table[1:])
-    temporary = directory / f".{OOF}.tmp"
+    temporary = _own_temporary(directory / OOF)
     with open(temporary, "w", newline="", encoding="utf-8") as file:
         csv.writer(file, lineterminator="\n").writerows([header, *rows])
     os.replace(temporary, directory / OOF)
+
+
+def _own_temporary(path: Path) -> Path:
+    """Where this process writes `path` before it replaces it: array tasks whose folds end at once (on machines of a
+    shared folder) each write the folds' files; each whole, the last one's stays (they are the same)."""
+    return path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
