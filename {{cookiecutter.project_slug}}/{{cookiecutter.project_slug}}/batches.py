@@ -81,7 +81,7 @@ class RestOfEpoch:
     def share(self, order: list[int], rank: int) -> list[int]:
         return rest_of_epoch(order, self.consumed, rank, self.ranks)
 
-    def share_size(self) -> int:
+    def share_length(self) -> int:
         return share_size(len(self.dataset), self.consumed, self.ranks)
 
     @property

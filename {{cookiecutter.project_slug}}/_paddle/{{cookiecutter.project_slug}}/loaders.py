@@ -38,7 +38,7 @@ class ResumableSampler(RestOfEpoch, DistributedBatchSampler):
         return (share[start : start + self.batch_size] for start in range(0, len(share), self.batch_size))
 
     def __len__(self) -> int:
-        return -(-self.share_size() // self.batch_size)
+        return -(-self.share_length() // self.batch_size)
 
 
 def build_loaders(

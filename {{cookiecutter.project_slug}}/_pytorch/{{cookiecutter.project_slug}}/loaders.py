@@ -30,7 +30,7 @@ class ResumableSampler(RestOfEpoch, DistributedSampler):
         return iter(self.share(order, self.rank))
 
     def __len__(self) -> int:
-        return self.share_size()
+        return self.share_length()
 
 
 def build_loaders(
