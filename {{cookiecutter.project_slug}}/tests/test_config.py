@@ -241,7 +241,8 @@ def read_metrics(output: Path) -> list[dict]:
 @pytest.mark.slow
 def test_config_yaml_repeats_a_run_and_wandb_keeps_it_offline_and_continues_it_on_resume(project_root, tmp_path):
     first, again = tmp_path / "first", tmp_path / "again"
-    run_sh(project_root, first, "--epochs", "2", "--tracking", "wandb", "--log-every", "10")
+    # --log-every 3: a loss logged within an epoch of every task (regression's has 6 steps)
+    run_sh(project_root, first, "--epochs", "2", "--tracking", "wandb", "--log-every", "3")
     recorded = first / options.CONFIG
 
     run_bash(project_root, "run.sh", "--config", str(recorded), "--output-dir", str(again), "--tracking", "none")

@@ -149,7 +149,9 @@ def build_model(num_classes, **options):
 
     def poison(layer, inputs, output):
         batches[0] += layer.training
-        return output * (float("nan") if batches[0] >= {poisoned} else 1.0)
+        factor = float("nan") if batches[0] >= {poisoned} else 1.0
+        # (a regression model given targets answers with two tensors: its errors)
+        return tuple(part * factor for part in output) if isinstance(output, tuple) else output * factor
 
     # A forward hook: torch's register_forward_hook, paddle's register_forward_post_hook.
     register = getattr(network, "register_forward_post_hook", None) or network.register_forward_hook

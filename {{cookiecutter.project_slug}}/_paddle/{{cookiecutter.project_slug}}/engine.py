@@ -288,7 +288,8 @@ def _state_per_parameter(optimizer) -> int:
     """The tensors of a parameter's size the optimizer keeps, tried on a probe of its own (0 for one that cannot
     be tried so: the log line is an estimate, never a reason to stop)."""
     try:
-        probe = paddle.create_parameter([3, 5], "float32")
+        # Filled with a constant: a random fill would draw from the stream that a resumed run has just restored.
+        probe = paddle.create_parameter([3, 5], "float32", default_initializer=paddle.nn.initializer.Constant(1.0))
         trial = type(optimizer)(parameters=[probe])
         (probe * probe).sum().backward()
         trial.step()

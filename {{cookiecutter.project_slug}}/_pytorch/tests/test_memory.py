@@ -12,3 +12,14 @@ def test_a_process_holds_parameters_gradients_and_the_optimizers_state_per_param
     assert engine.training_memory(model, torch.optim.SGD(model.parameters(), lr=0.1)) == (110, 440 * 2)
     assert engine.training_memory(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)) == (110, 440 * 3)
     assert engine.training_memory(model, torch.optim.AdamW(model.parameters())) == (110, 440 * 4)
+
+
+def test_measuring_it_draws_nothing_from_the_random_stream_a_resumed_run_restored():
+    # The line is logged after resume() restored the random streams: dropout's masks must go on as if never stopped.
+    model = nn.Linear(10, 10)
+    restored = torch.get_rng_state()
+    engine.training_memory(model, torch.optim.AdamW(model.parameters()))
+    drawn = torch.rand(4)
+    torch.set_rng_state(restored)
+
+    assert torch.equal(drawn, torch.rand(4))
