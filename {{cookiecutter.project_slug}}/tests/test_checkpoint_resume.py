@@ -22,7 +22,7 @@ from checkpointers import (
 )
 from conftest import acc_state, averaging, save_epoch
 
-from {{ cookiecutter.project_slug }} import checkpoint, output_folder
+from {{ cookiecutter.project_slug }} import checkpoint, engine, output_folder
 from {{ cookiecutter.project_slug }}.distributed import DistEnv
 from {{ cookiecutter.project_slug }}.engine import seed_everything
 from {{ cookiecutter.project_slug }}.errors import UserError
@@ -201,6 +201,18 @@ def test_a_resumed_run_with_more_epochs_follows_the_longer_schedule(tmp_path):
     assert first_two == pytest.approx([0.1, 0.05])  # the 2-epoch schedule it was started with
     assert last_two == pytest.approx(fresh[2:])
     assert min(last_two) > 0
+
+
+def test_a_rate_given_on_resume_is_the_one_the_tasks_optimizer_makes_of_it(tmp_path):
+    # An optimizer that takes a fifth of --lr, as segmentation's AdamW does: started at --lr 0.1, resumed with 0.5.
+    saver = build_checkpointer(tmp_path, lr=0.02)
+    saver.resume("none")
+    save_epoch(saver, 1, 0.5, True)
+    resumed = build_checkpointer(tmp_path, lr=0.1)  # what build_optimizer() makes of --lr 0.5
+
+    resumed.resume("auto", lr=0.5)
+
+    assert engine.epoch_rate(resumed.optimizer, None, 2) == pytest.approx(0.1)  # not --lr's 0.5 itself
 
 
 def test_ema_0_averages_to_exactly_the_weights(tmp_path):

@@ -223,6 +223,7 @@ class CheckpointerBase:
         (--init-from), where they fit the model. A resumed run keeps its learning rate, or, given `lr` (--lr), trains
         at it from there on, the schedule continuing from it; likewise with `warmup_epochs` (--warmup-epochs).
         """
+        built = self._base_lr()  # build_optimizer()'s rate for this start's --lr (a task's optimizer may take a share)
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
         self.state.choose_best_by(*self.best)
@@ -248,9 +249,9 @@ class CheckpointerBase:
             self._set_base_lr(self.state.base_lr)  # the run's own, not build_optimizer()'s default
         if loaded is not None and lr is not None:
             factor = self.schedule.factor()
-            log.info("--lr %g: the resumed run trains at it from epoch %d on (it was at %g), the schedule going on "
-                     "from it", lr, self.state.epochs_done + 1, self._base_lr() * factor)  # fmt: skip
-            self._set_base_lr(lr / factor if factor > 0 else lr)
+            log.info("--lr %g: the resumed run trains at it from epoch %d on (the optimizer's rate %g, was %g), the "
+                     "schedule going on from it", lr, self.state.epochs_done + 1, built, self._base_lr() * factor)  # fmt: skip
+            self._set_base_lr(built / factor if factor > 0 else built)
         self.state.base_lr = self._base_lr()
         self._reapply_schedule()
         return self.state

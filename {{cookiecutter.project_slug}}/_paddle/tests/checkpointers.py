@@ -20,11 +20,13 @@ LAST_FILES = ["last.pdopt", "last.pdparams"]  # what a save's last checkpoint is
 RANKS_DISAGREE = "different epochs"  # what a resume that ranks would take from different saves says
 
 
-def build_checkpointer(directory, out_features: int = 3, wrap=lambda model: model, env: DistEnv = CPU) -> Checkpointer:
+def build_checkpointer(
+    directory, out_features: int = 3, wrap=lambda model: model, env: DistEnv = CPU, lr: float = 0.1
+) -> Checkpointer:
     # Paddle keys optimizer state by parameter names: start them afresh, as in a new process.
     with paddle.utils.unique_name.guard():
         model = wrap(nn.Linear(4, out_features))
-        optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
+        optimizer = paddle.optimizer.Momentum(lr, momentum=0.9, parameters=model.parameters())
         schedule = engine.cosine_schedule(optimizer, 10)
     return Checkpointer(directory, env, model, optimizer, schedule, paddle.amp.GradScaler(enable=False), best=ACC)
 

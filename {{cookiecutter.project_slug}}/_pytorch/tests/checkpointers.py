@@ -20,10 +20,10 @@ RANKS_DISAGREE = "ranks found different checkpoints"  # what a resume that ranks
 
 
 def build_checkpointer(
-    directory, out_features: int = 3, model: nn.Module | None = None, env: DistEnv = CPU
+    directory, out_features: int = 3, model: nn.Module | None = None, env: DistEnv = CPU, lr: float = 0.1
 ) -> Checkpointer:
     model = model or nn.Linear(4, out_features)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     schedule = engine.cosine_schedule(optimizer, 10)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     return Checkpointer(directory, env, model, optimizer, schedule, scaler, best=ACC)
