@@ -2,7 +2,8 @@
 
 The template keeps each framework's Python files whole, under _pytorch/ and
 _paddle/, and each task's under _tasks/<task>/: its data.py (framework-free, for
-both), its model.py and task.py under _pytorch/ and _paddle/, its sample data and
+both), its model.py and task.py under _pytorch/ and _paddle/ (a task.py both frameworks
+can run stands beside data.py instead), its sample data and
 its own tests; the image tasks share _tasks/images.py. This hook moves one set of
 each into the project and deletes the rest.
 """
@@ -38,11 +39,13 @@ def remove_framework_dirs() -> None:
 
 
 def use_task_files(task: str, framework: str, package: str) -> None:
-    """The task's data.py, and model.py and task.py (the framework's), into the package (with the image helpers for
-    an image task), its sample data into data/, its tests (if it has some of its own) into tests/."""
+    """The task's framework-free modules (data.py, and task.py where both frameworks run one), and the framework's
+    model.py and task.py, into the package (with the image helpers for an image task), its sample data into data/,
+    its tests (if it has some of its own) into tests/."""
     source = TASKS_DIR / task
     move_tree(source / f"_{framework}", Path(package))
-    (source / "data.py").replace(Path(package, "data.py"))
+    for module in source.glob("*.py"):
+        module.replace(Path(package, module.name))
     if task in IMAGE_TASKS:
         (TASKS_DIR / "images.py").replace(Path(package, "images.py"))
     move_tree(source / "data", DATA_DIR)

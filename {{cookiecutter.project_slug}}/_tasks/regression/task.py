@@ -2,8 +2,11 @@
 
 Edit these functions (and the two constants) for a task of your own; the loops, checkpoints,
 predict.py and the notebook call nothing else. Every batch arrives as the loader made it
-(here a list: standardised features, targets in their own units), already on the model's
+(here a pair: standardised features, targets in their own units), already on the model's
 device, in the run's precision.
+
+The same file serves PyTorch and Paddle: what it does to tensors (arithmetic, .abs(), .float(),
+.cpu().numpy()) both frameworks spell alike. Add the framework's import when yours needs more.
 
 The model answers in the target's units (model.py); the loss divides the error by the training
 target's standard deviation (the model gives both errors): training sees a standardised target, so a
@@ -13,22 +16,21 @@ target in the thousands trains as well as one near 1, while the metrics stay in 
 import math
 
 import numpy as np
-import paddle
 
 from .submission import write_csv
 
-BEST_METRIC = "rmse"  # the metric of metrics() that picks checkpoints/best.pdparams
+BEST_METRIC = "rmse"  # the metric of metrics() that picks checkpoints/best.*
 BEST_MODE = "min"  # "max": higher is better; "min": lower is better
 
 
-def standardised_error(model, batch) -> tuple[paddle.Tensor, paddle.Tensor]:
+def standardised_error(model, batch) -> tuple:
     """The batch's errors (prediction - target) in the target's units (float32), and in standard deviations: the
     model's, which knows the training target's."""
     features, target = batch
     return model(features, target)
 
 
-def training_loss(model, batch) -> paddle.Tensor:
+def training_loss(model, batch):
     """The batch's mean squared error on the standardised scale, a scalar: what training minimises."""
     _, standardised = standardised_error(model, batch)
     return (standardised**2).mean()
@@ -63,7 +65,7 @@ def predict_step(model, batch) -> list:
 
 def predict_outputs(model, batch) -> np.ndarray:
     """What predict.py averages over several checkpoints (numpy, a value per input): the predicted target."""
-    return model(batch).astype("float32").numpy()
+    return model(batch).float().cpu().numpy()
 
 
 def rows_from_outputs(outputs: np.ndarray) -> list:
