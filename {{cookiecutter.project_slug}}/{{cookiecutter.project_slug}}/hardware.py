@@ -1,5 +1,6 @@
 """What this machine has, asked without any framework (the standard library only): its cores, whether an NVIDIA
-driver shows GPUs, the loader workers and mixed precision that suit it; and its network, which platforms.py asks
+driver shows GPUs, this process's place in the job (DistEnv) and its GPU, the loader workers, mixed precision and
+synchronised batch norm that suit it; and its network, which platforms.py asks
 about before the launcher starts (the master's name and port, the interface that reaches it; `bash run.sh --check`
 says what it found). Each function answers for the paths and numbers it is given, so a test can hand it others.
 """
@@ -7,15 +8,19 @@ says what it found). Each function answers for the paths and numbers it is given
 import contextlib
 import fcntl
 import ipaddress
+import logging
 import os
 import shutil
 import socket
 import struct
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PlatformError, UserError
+from .errors import PlatformError, UserError, more_processes_than_gpus
+
+_log = logging.getLogger(__name__)
 
 # Every wait of a check ends within this, so that each problem is one line within a minute of the last start.
 WAIT_S = 40.0
@@ -57,6 +62,59 @@ def cpu_quota(cgroup: Path) -> float | None:
     if quota in ("max", "-1") or int(period) <= 0:
         return None
     return int(quota) / int(period)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job (distributed.setup()'s answer)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: object  # the framework's own device value: a torch.device, or a paddle device string ("cpu", "gpu:0")
+
+    local_world_size: int = 1  # the processes of this machine
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def on_gpu(self) -> bool:
+        return str(self.device).startswith(("cuda", "gpu"))
+
+
+def gpu_of_rank(asked: str, index: int, gpus: int, problem: str | None, processes: int, warns: bool) -> int | None:
+    """This rank's GPU under --device `asked` (auto, gpu or cpu), or None for the CPU: `index`, the one its launcher
+    gave it, of the `gpus` the framework can use (`problem`: why it cannot use those the driver shows). --device gpu
+    without a usable GPU, or more processes on this machine (`processes`) than GPUs, is a UserError; auto on GPUs the
+    framework cannot use warns (where `warns`: once per machine) and trains on the CPU."""
+    if asked == "cpu":
+        return None
+    if asked == "gpu" and not gpus:
+        raise UserError(f"--device gpu: {problem or 'no GPU is visible'}; or use --device cpu or auto")
+    if problem and warns:
+        print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
+    if not gpus:
+        return None
+    if index >= gpus:  # started by a launcher with more processes than GPUs
+        raise UserError(more_processes_than_gpus(processes, gpus), shown=index == gpus)
+    return index
+
+
+def synchronises_batch_norm(asked: bool, layers: int, processes: int, on_gpu: bool) -> bool:
+    """--sync-bn: whether the model's `layers` batch normalisations are computed over the global batch: on several
+    GPU processes. The frameworks' synchronised layer has no CPU kernel: on CPUs each process goes on normalising
+    its own batch, and the log says so."""
+    if not asked or processes == 1:
+        return False
+    if not on_gpu:
+        _log.info(
+            "--sync-bn: synchronised batch norm runs on GPUs only; on the CPU each process normalises its own batch"
+        )
+        return False
+    _log.info("--sync-bn: %d batch-norm layer(s) synchronised across %d processes", layers, processes)
+    return True
 
 
 def loader_cores(on_gpu: bool, processes: int, cores: int) -> int:

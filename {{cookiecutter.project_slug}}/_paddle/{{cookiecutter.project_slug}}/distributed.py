@@ -23,15 +23,15 @@ import socket
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 
 import paddle
 import paddle.distributed as dist
 from paddle.base import core
 from paddle.distributed import fleet
 
-from . import errors, framework_probe, sharding
-from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
+from . import errors, framework_probe, hardware, sharding
+from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError
+from .hardware import DistEnv
 from .roll_call import die_with_parent
 from .settings import LAUNCHER
 
@@ -46,24 +46,6 @@ _HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, s
 _waits = itertools.count()  # every rank waits in the same order: the n-th wait has the same key everywhere
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    device: str  # the framework's own device value: "cpu" or "gpu:N" as paddle.set_device() takes it; PyTorch's torch.device
-
-    local_world_size: int = 1  # the processes of this machine
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device.startswith("gpu")
-
-
 def read_ranks() -> tuple[int, int, int]:
     """(global rank, local rank, world size) as the launcher, or the platform, tells them."""
     env = os.environ
@@ -76,21 +58,13 @@ def read_ranks() -> tuple[int, int, int]:
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (NCCL on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
-    problem = framework_probe.gpu_problem() if device != "cpu" else None
-    if device == "gpu" and not framework_probe.gpu_available():
-        raise UserError(f"--device gpu: {problem or 'paddle sees no GPU'}; or use --device cpu or auto")
-    if problem and local_rank == 0:
-        print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
-    this_device = "cpu"
-    if device != "cpu" and framework_probe.gpu_available():
-        # The launcher gives each process its GPU in FLAGS_selected_gpus (what paddle's ParallelEnv reads);
-        # without this every rank would use GPU 0.
-        index = int(os.environ.get("FLAGS_selected_gpus", str(local_rank)).split(",")[0])
-        gpus = framework_probe.gpu_count()
-        if index >= gpus:  # more processes than GPUs
-            processes = int(os.environ.get("PADDLE_LOCAL_SIZE", local_rank + 1))
-            raise UserError(more_processes_than_gpus(processes, gpus), shown=index == gpus)
-        this_device = f"gpu:{index}"
+    gpus, problem = (framework_probe.gpu_count(), framework_probe.gpu_problem()) if device != "cpu" else (0, None)
+    # The launcher gives each process its GPU in FLAGS_selected_gpus (what paddle's ParallelEnv reads); without
+    # this every rank would use GPU 0.
+    index = int(os.environ.get("FLAGS_selected_gpus", str(local_rank)).split(",")[0])
+    processes = int(os.environ.get("PADDLE_LOCAL_SIZE", local_rank + 1))
+    gpu = hardware.gpu_of_rank(device, index, gpus, problem, processes, warns=local_rank == 0)
+    this_device = "cpu" if gpu is None else f"gpu:{gpu}"
     paddle.set_device(this_device)
     if world_size > 1:
         # paddle's launcher starts each rank in a session of its own: a launcher killed outright (kill -9 of
@@ -240,21 +214,12 @@ def all_gather_object(obj) -> list:
 
 
 def sync_batch_norm(model: paddle.nn.Layer, env: DistEnv, enabled: bool) -> paddle.nn.Layer:
-    """--sync-bn: the model's batch normalisation computed over the global batch, on several GPU processes.
-
-    The framework's synchronised layer has no CPU kernel: on CPUs each process goes on normalising its own
-    batch, and the log says so.
-    """
-    if not enabled or env.world_size == 1:
-        return model
-    if not env.on_gpu:
-        _log.info(
-            "--sync-bn: synchronised batch norm runs on GPUs only; on the CPU each process normalises its own batch"
-        )
-        return model
+    """--sync-bn: the model's batch normalisation over the global batch, where hardware.synchronises_batch_norm()
+    says it can be."""
     layers = sum(isinstance(layer, paddle.nn.layer.norm._BatchNormBase) for layer in model.sublayers())
-    _log.info("--sync-bn: %d batch-norm layer(s) synchronised across %d processes", layers, env.world_size)
-    return paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if hardware.synchronises_batch_norm(enabled, layers, env.world_size, env.on_gpu):
+        return paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
 
 
 def wrap_model(
@@ -327,10 +292,8 @@ def launch(worker, args) -> None:
     if LAUNCHER != "spawn" or nproc == 1 or launched_as_rank():
         worker(args)
         return
-    try:
-        framework_probe.check_gpus_for(nproc, args.device)
-    except UserError as error:
-        sys.exit(f"error: {error}")
+    if shortage := errors.gpu_shortage(nproc, framework_probe.gpu_count(), args.device):
+        sys.exit(f"error: {shortage}")
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
     logging.getLogger().setLevel(logging.WARNING)
     with errors.said_once_per_machine(), warnings.catch_warnings():  # the ranks' identical error lines, said once

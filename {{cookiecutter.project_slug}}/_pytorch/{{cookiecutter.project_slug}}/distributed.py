@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -24,31 +23,13 @@ import torch.multiprocessing as mp
 from torch.distributed import TCPStore
 from torch.nn.parallel import DistributedDataParallel
 
-from . import errors, framework_probe
-from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError, more_processes_than_gpus
-from .hardware import wait_for_port
+from . import errors, framework_probe, hardware
+from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError
+from .hardware import DistEnv, wait_for_port
 from .roll_call import RollCall, die_with_parent
 from .settings import LAUNCHER
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    device: torch.device  # the framework's own device value: a torch.device here, a paddle device string in Paddle
-
-    local_world_size: int = 1  # the processes of this machine
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device.type == "cuda"
 
 
 def read_ranks() -> tuple[int, int, int]:
@@ -67,22 +48,14 @@ def read_ranks() -> tuple[int, int, int]:
 def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Pick this rank's device and join the process group (nccl on GPU, gloo on CPU)."""
     rank, local_rank, world_size = read_ranks()
-    problem = framework_probe.gpu_problem() if device != "cpu" else None
-    if device == "gpu" and not framework_probe.gpu_available():
-        raise UserError(f"--device gpu: {problem or 'no CUDA GPU is visible'}; or use --device cpu or auto")
-    if problem and local_rank == 0:
-        print(f"warning: {problem}; training on the CPU", file=sys.stderr, flush=True)
-    use_gpu = device != "cpu" and framework_probe.gpu_available()
-    if use_gpu:
-        gpus = framework_probe.gpu_count()
-        if local_rank >= gpus:  # started by torchrun or srun with more processes than GPUs
-            processes = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-            raise UserError(more_processes_than_gpus(processes, gpus), shown=local_rank == gpus)
-        # Without this every rank would allocate on GPU 0.
-        torch.cuda.set_device(local_rank)
-        this_device = torch.device("cuda", local_rank)
-    else:
+    gpus, problem = (framework_probe.gpu_count(), framework_probe.gpu_problem()) if device != "cpu" else (0, None)
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))  # torchrun's; srun with one GPU per process
+    gpu = hardware.gpu_of_rank(device, local_rank, gpus, problem, processes, warns=local_rank == 0)
+    if gpu is None:
         this_device = torch.device("cpu")
+    else:
+        torch.cuda.set_device(gpu)  # without this every rank would allocate on GPU 0
+        this_device = torch.device("cuda", gpu)
     if world_size > 1:
         # torchrun starts each rank in a session of its own: a launcher killed outright (kill -9 of run.sh's
         # process group, as a test or a user does) would leave its ranks training on, holding the folder.
@@ -94,11 +67,11 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         roll = _roll_call(rank, local_rank, timeout_s)
         try:
             dist.init_process_group(
-                backend="nccl" if use_gpu else "gloo",
+                backend="nccl" if gpu is not None else "gloo",
                 rank=rank,
                 world_size=world_size,
                 timeout=timedelta(seconds=timeout_s),
-                device_id=this_device if use_gpu else None,
+                device_id=this_device if gpu is not None else None,
             )
         except dist.DistStoreError as error:  # the spawn launcher's wait for the other machines, mostly
             missing = f"; {roll.named()} did not" if roll and roll.missing else ""
@@ -191,21 +164,12 @@ def all_gather_object(obj) -> list:
 
 
 def sync_batch_norm(model: torch.nn.Module, env: DistEnv, enabled: bool) -> torch.nn.Module:
-    """--sync-bn: the model's batch normalisation computed over the global batch, on several GPU processes.
-
-    The framework's synchronised layer has no CPU kernel: on CPUs each process goes on normalising its own
-    batch, and the log says so.
-    """
-    if not enabled or env.world_size == 1:
-        return model
-    if not env.on_gpu:
-        _log.info(
-            "--sync-bn: synchronised batch norm runs on GPUs only; on the CPU each process normalises its own batch"
-        )
-        return model
+    """--sync-bn: the model's batch normalisation over the global batch, where hardware.synchronises_batch_norm()
+    says it can be."""
     layers = sum(isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) for layer in model.modules())
-    _log.info("--sync-bn: %d batch-norm layer(s) synchronised across %d processes", layers, env.world_size)
-    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if hardware.synchronises_batch_norm(enabled, layers, env.world_size, env.on_gpu):
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
 
 
 def wrap_model(
@@ -288,10 +252,8 @@ def launch(worker, args) -> None:
     if LAUNCHER != "spawn" or nproc * nnodes == 1 or launched_as_rank():
         worker(args)
         return
-    try:
-        framework_probe.check_gpus_for(nproc, args.device)
-    except UserError as error:
-        sys.exit(f"error: {error}")
+    if shortage := errors.gpu_shortage(nproc, framework_probe.gpu_count(), args.device):
+        sys.exit(f"error: {shortage}")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # One machine: any free port. Several: the port all machines were told (run.sh's default too).
     os.environ.setdefault("MASTER_PORT", str(_free_port()) if nnodes == 1 else "29500")
