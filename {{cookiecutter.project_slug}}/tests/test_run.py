@@ -223,6 +223,20 @@ def synthetic_run(tmp_path_factory, project_root) -> Path:
     return output_dir
 
 
+def test_evaluate_without_a_checkpoint_is_one_error_line_and_writes_nothing_in_the_folder(project_root, tmp_path):
+    mistyped = tmp_path / "ouptut"
+
+    result = run(["bash", "run.sh", "--evaluate", *training_args(mistyped, epochs=1)], project_root, 2, check=False)
+
+    errors = {line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")}
+    [said] = {line for line in errors if "--evaluate" in line}
+    assert result.returncode == 1
+    assert said.startswith(f"error: --evaluate: no checkpoint in {mistyped / 'checkpoints'}: pass --resume PATH")
+    assert all(line == said or re.match(r"error: rank \d stopped with status 1 ", line) for line in errors), errors
+    # (Paddle's run.sh makes the launcher's log folder there before run.py starts: its workers' logs are kept.)
+    assert not mistyped.exists() or [path.name for path in mistyped.iterdir()] == ["launch-logs"]
+
+
 def test_init_from_a_checkpoint_of_the_same_network_loads_every_tensor_and_a_resumed_run_ignores_it(
     synthetic_run, project_root, tmp_path
 ):

@@ -37,6 +37,9 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
     """One model: the run of args.output_dir (with --folds: a fold's)."""
     lock = None
     try:
+        no_checkpoints = not (args.init_from or Path(args.output_dir, "checkpoints").is_dir())
+        if args.evaluate and no_checkpoints and args.resume in ("auto", "none"):
+            _no_checkpoint(Path(args.output_dir), env)  # (a mistyped folder, say: before hold() writes in it)
         lock = output_folder.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         model_options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
@@ -129,12 +132,16 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
 
 def _evaluate(model, val_loader, env, task: seam.Task, amp_dtype: str | None, checkpoint, output_dir: Path) -> None:
     if checkpoint is None:
-        raise UserError(
-            f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
-            "or --init-from PATH",
-            shown=env.local_rank == 0,
-        )
+        _no_checkpoint(output_dir, env)
     logs.report_evaluation(
         output_dir, engine.evaluate(model, val_loader, env, task, amp_dtype), env.is_main, checkpoint
     )
     distributed.barrier()
+
+
+def _no_checkpoint(output_dir: Path, env) -> None:
+    raise UserError(
+        f"--evaluate: no checkpoint in {output_dir / 'checkpoints'}: pass --resume PATH (a last.* or best.*) "
+        "or --init-from PATH",
+        shown=env.local_rank == 0,
+    )
