@@ -233,6 +233,13 @@ def test_device_auto_says_why_it_trains_on_the_cpu_where_gpus_cannot_be_used(dri
     assert line.startswith("warning: ") and line.endswith("; training on the CPU")
 
 
+def test_gpus_the_framework_counts_but_cannot_use_leave_it_on_the_cpu(driver_without_usable_gpus, monkeypatch, capsys):
+    monkeypatch.setattr(framework_probe, "gpu_count", lambda: 2)  # torch counts a too-old driver's GPUs (NVML)
+
+    assert not distributed.setup("auto").on_gpu
+    assert capsys.readouterr().err.strip().endswith("; training on the CPU")
+
+
 def test_a_machine_without_gpus_trains_on_the_cpu_without_a_word(gpus, monkeypatch, capsys):
     gpus(0)
     monkeypatch.setattr(framework_probe.hardware, "nvidia_driver_present", lambda: False)

@@ -86,11 +86,13 @@ class DistEnv:
 
 def gpu_of_rank(asked: str, index: int, gpus: int, problem: str | None, processes: int, warns: bool) -> int | None:
     """This rank's GPU under --device `asked` (auto, gpu or cpu), or None for the CPU: `index`, the one its launcher
-    gave it, of the `gpus` the framework can use (`problem`: why it cannot use those the driver shows). --device gpu
-    without a usable GPU, or more processes on this machine (`processes`) than GPUs, is a UserError; auto on GPUs the
-    framework cannot use warns (where `warns`: once per machine) and trains on the CPU."""
+    gave it, of the `gpus` the framework counts, none of them usable where `problem` says why (a CPU build, a driver
+    too old: torch may still count them). --device gpu without a usable GPU, or more processes on this machine
+    (`processes`) than GPUs, is a UserError; auto on GPUs the framework cannot use warns (where `warns`: once per
+    machine) and trains on the CPU."""
     if asked == "cpu":
         return None
+    gpus = 0 if problem else gpus
     if asked == "gpu" and not gpus:
         raise UserError(f"--device gpu: {problem or 'no GPU is visible'}; or use --device cpu or auto")
     if problem and warns:

@@ -292,8 +292,10 @@ def launch(worker, args) -> None:
     if LAUNCHER != "spawn" or nproc == 1 or launched_as_rank():
         worker(args)
         return
-    if shortage := errors.gpu_shortage(nproc, framework_probe.gpu_count(), args.device):
-        sys.exit(f"error: {shortage}")
+    try:
+        framework_probe.check_gpus_for(nproc, args.device)
+    except UserError as error:
+        sys.exit(f"error: {error}")
     # spawn notes that it uses gloo on CPU and logs the ports it picks (to the root logger): nothing to act on.
     logging.getLogger().setLevel(logging.WARNING)
     with errors.said_once_per_machine(), warnings.catch_warnings():  # the ranks' identical error lines, said once

@@ -252,8 +252,10 @@ def launch(worker, args) -> None:
     if LAUNCHER != "spawn" or nproc * nnodes == 1 or launched_as_rank():
         worker(args)
         return
-    if shortage := errors.gpu_shortage(nproc, framework_probe.gpu_count(), args.device):
-        sys.exit(f"error: {shortage}")
+    try:
+        framework_probe.check_gpus_for(nproc, args.device)
+    except UserError as error:
+        sys.exit(f"error: {error}")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # One machine: any free port. Several: the port all machines were told (run.sh's default too).
     os.environ.setdefault("MASTER_PORT", str(_free_port()) if nnodes == 1 else "29500")
