@@ -15,6 +15,7 @@ state, without the first epoch, which holds --compile's compiling; that time, th
 (the run's own log line).
 
     python benchmarks/bench_gpu.py --project BAKED_PYTORCH_PROJECT [--epochs 3] [--samples 20480] [--workers-0]
+        [--rows limit "baked --compile" ...]
 
 The default samples make whole batches: --compile compiles once for them (an epoch's last, smaller batch would
 compile once more, in the first epoch). Most of the benchmark's time is the baked runs' start-up and compiling:
@@ -297,7 +298,7 @@ def section(result: dict | None, notes: str = "") -> list[str]:
     expected = ("limit", "tutorial", "baked", "baked --compile", "folder", "limit, again")
     missing = [name for name in expected if name not in rows]
     if missing:
-        lines.append(f"- not measured (the run was cut short): {', '.join(missing)}")
+        lines.append(f"- not measured (the run was cut short, or --rows left them out): {', '.join(missing)}")
     return lines + [""] + notes_lines
 
 
@@ -314,6 +315,7 @@ def main() -> None:
         action="store_true",
         help="also the image folder with --workers 0 (what the loader's workers win)",
     )
+    parser.add_argument("--rows", nargs="+", metavar="ROW", help="only these rows, by name (a short GPU stay)")
     args = parser.parse_args()
     started = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -342,6 +344,11 @@ def main() -> None:
     }
     if not args.workers_0:
         del runs["folder --workers 0"]
+    if args.rows:
+        unknown = set(args.rows) - set(runs)
+        if unknown:
+            parser.error(f"no row {', '.join(sorted(unknown))}; the rows: {', '.join(runs)}")
+        runs = {name: run for name, run in runs.items() if name in args.rows}
     result = {"machine": machine(args.device), "samples": args.samples, "epochs": args.epochs, "rows": {}}
     for name, run in runs.items():  # each figure as it comes: a run cut short still keeps what it measured
         result["rows"][name] = run()
