@@ -112,6 +112,28 @@ def test_a_checkpoint_of_the_per_epoch_schedule_resumes_at_the_rate_of_its_epoch
     assert rate == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 2 / 10)))  # epoch 3's rate of a 10-epoch cosine
 
 
+def test_a_resume_keeps_each_parameter_groups_own_rate_and_a_new_lr_scales_them_all(tmp_path):
+    def saver_of_two_groups(lr: float) -> Checkpointer:  # a fine-tuning optimizer: the head at ten times the rate
+        model = nn.Linear(4, 3)
+        optimizer = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": 10 * lr}], lr=lr)
+        schedule = engine.cosine_schedule(optimizer, 10)
+        return Checkpointer(tmp_path, CPU, model, optimizer, schedule, torch.amp.GradScaler("cpu", enabled=False))
+
+    saved = saver_of_two_groups(0.1)
+    saved.resume("none")
+    take_steps(saved, 10)  # a tenth of an epoch a step
+    saved.end_epoch(1, {"loss": 1.0, "acc": 0.5})
+
+    def rates(built_lr: float, **resumed) -> list[float]:
+        saver = saver_of_two_groups(built_lr)
+        saver.resume("auto", **resumed)
+        return [group["lr"] for group in saver.optimizer.param_groups]
+
+    going_on = rates(0.1)
+    assert going_on[1] == pytest.approx(10 * going_on[0]) and going_on[0] < 0.1  # (on the cosine, after epoch 1)
+    assert rates(0.5, lr=0.5) == pytest.approx([0.5, 5.0])  # --lr on a resume: the rate from here on
+
+
 def test_resume_from_an_explicit_path_loads_that_file(tmp_path):
     save_epoch(build_checkpointer(tmp_path / "old"), 5, 0.6, False)
 

@@ -234,10 +234,12 @@ class Checkpointer(CheckpointerBase):
         return self.schedule.stepper.base_lrs[0]
 
     def _set_base_lr(self, lr: float) -> None:
+        """The first parameter group's base rate; the others' in proportion (a head at ten times the rate stays so)."""
         stepper = self.schedule.stepper
-        stepper.base_lrs = [lr] * len(stepper.base_lrs)
-        for group in self.optimizer.param_groups:
-            group["initial_lr"] = lr
+        first = stepper.base_lrs[0]
+        stepper.base_lrs = [base * lr / first if first else lr for base in stepper.base_lrs]
+        for group, base in zip(self.optimizer.param_groups, stepper.base_lrs, strict=True):
+            group["initial_lr"] = base
 
     def _capture_rng(self) -> dict:
         """This rank's random streams: of this rank's own GPU only (a CPU run never touches CUDA), so the
