@@ -237,7 +237,7 @@ class Checkpointer(CheckpointerBase):
         """The first parameter group's base rate; the others' in proportion (a head at ten times the rate stays so)."""
         stepper = self.schedule.stepper
         first = stepper.base_lrs[0]
-        stepper.base_lrs = [base * lr / first if first else lr for base in stepper.base_lrs]
+        stepper.base_lrs = [lr if base == first or not first else base * (lr / first) for base in stepper.base_lrs]
         for group, base in zip(self.optimizer.param_groups, stepper.base_lrs, strict=True):
             group["initial_lr"] = base
 
