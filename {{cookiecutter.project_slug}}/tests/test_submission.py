@@ -136,7 +136,7 @@ def test_an_output_folder_that_holds_files_already_is_refused_before_predicting_
     (tmp_path / "earlier" / "a" / "x.png").write_bytes(b"an earlier prediction's mask")
     (tmp_path / "empty").mkdir()
 
-    with pytest.raises(UserError, match="is a folder that is not empty: name a file, or a new or empty folder"):
+    with pytest.raises(UserError, match="is a folder that is not empty: name a new file or folder"):
         check_apart(str(tmp_path / "test"), str(tmp_path / "earlier"))
     check_apart(str(tmp_path / "test"), str(tmp_path / "empty"))
     assert (tmp_path / "earlier" / "a" / "x.png").read_bytes() == b"an earlier prediction's mask"

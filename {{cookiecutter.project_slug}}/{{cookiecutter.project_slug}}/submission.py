@@ -96,7 +96,7 @@ def refuse_a_folder_in_use(output: Path) -> None:
     """An --output folder that is not empty: what predict.py writes would mix with what is there (the masks of an
     earlier prediction, submitted with this one's)."""
     if output.is_dir() and any(output.iterdir()):
-        raise UserError(f"--output {output} is a folder that is not empty: name a file, or a new or empty folder")
+        raise UserError(f"--output {output} is a folder that is not empty: name a new file or folder")
 
 
 def read_besides(args, checkpoints: list[Path]) -> dict[str, str]:
