@@ -117,6 +117,11 @@ def test_resume_from_a_missing_path_says_so(tmp_path):
     assert str(missing) in str(error.value)
 
 
+def test_a_mistyped_resume_choice_is_told_the_choices(tmp_path):
+    with pytest.raises(UserError, match="not found: pass --resume auto, none, or an existing"):
+        build_checkpointer(tmp_path).resume("atuo")
+
+
 def test_checkpoint_of_a_different_model_is_refused_naming_the_mismatch(tmp_path):
     save_epoch(build_checkpointer(tmp_path, out_features=3), 1, 0.1, False)
     other = build_checkpointer(tmp_path, out_features=5)

@@ -204,10 +204,10 @@ def newest(file: Path, link: Path, last_written: str) -> Path | None:
 SUFFIXES = {".pt": "PyTorch", ".pdparams": "PaddlePaddle"}  # the file each framework's run.py saves
 
 
-def check_checkpoint(checkpoint: Path, last_written: str, ours: str) -> None:
+def check_checkpoint(checkpoint: Path, last_written: str, ours: str, missing: str | None = None) -> None:
     """What predict.py, export.py and load_for_inference() take, each other thing one line naming what to pass: a
     sharded save's folder (complete once its `last_written` file is there), or a file, not the other framework's
-    (`ours`: this one's suffix)."""
+    (`ours`: this one's suffix). `missing`: what to pass instead of a checkpoint not found (--resume's choices)."""
     files = f"last{ours} or best{ours} from OUTPUT_DIR/checkpoints/"
     if checkpoint.is_dir() and not (checkpoint / last_written).is_file():
         raise UserError(
@@ -222,7 +222,7 @@ def check_checkpoint(checkpoint: Path, last_written: str, ours: str) -> None:
                 f"project that wrote it, or pass a {files}"
             )
     if not checkpoint.exists():
-        raise UserError(f"checkpoint {checkpoint} not found: pass a {files}")
+        raise UserError(f"checkpoint {checkpoint} not found: {missing or 'pass a ' + files}")
 
 
 def top(directory: Path) -> list[dict]:

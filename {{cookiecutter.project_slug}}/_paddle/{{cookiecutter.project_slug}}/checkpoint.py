@@ -150,7 +150,8 @@ class Checkpointer(CheckpointerBase):
         if path is None:
             return None
         named = path if path.suffix or path.exists() else path.with_suffix(Path(LAST).suffix)  # (--resume DIR/last)
-        output_folder.check_checkpoint(named, _TRAINING, Path(LAST).suffix)  # a run's folder, the other framework's
+        resume_choices = "pass --resume auto, none, or an existing .pdparams file (or sharded folder)"
+        output_folder.check_checkpoint(named, _TRAINING, Path(LAST).suffix, resume_choices)  # a run's folder, theirs
         if path.is_dir():
             weights_path, (weights, state) = path, _read_parts(path)
         else:
