@@ -202,6 +202,7 @@ def newest(file: Path, link: Path, last_written: str) -> Path | None:
 
 
 SUFFIXES = {".pt": "PyTorch", ".pdparams": "PaddlePaddle"}  # the file each framework's run.py saves
+RESUME_CHOICES = "pass --resume auto, none, or an existing file (or sharded folder)"  # --resume's, not found
 
 
 def check_checkpoint(checkpoint: Path, last_written: str, ours: str, missing: str | None = None) -> None:

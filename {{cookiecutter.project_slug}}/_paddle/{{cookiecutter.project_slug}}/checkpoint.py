@@ -150,8 +150,8 @@ class Checkpointer(CheckpointerBase):
         if path is None:
             return None
         named = path if path.suffix or path.exists() else path.with_suffix(Path(LAST).suffix)  # (--resume DIR/last)
-        resume_choices = "pass --resume auto, none, or an existing .pdparams file (or sharded folder)"
-        output_folder.check_checkpoint(named, _TRAINING, Path(LAST).suffix, resume_choices)  # a run's folder, theirs
+        # a run's folder, the other framework's
+        output_folder.check_checkpoint(named, _TRAINING, Path(LAST).suffix, output_folder.RESUME_CHOICES)
         if path.is_dir():
             weights_path, (weights, state) = path, _read_parts(path)
         else:
@@ -220,7 +220,7 @@ def _read_file(path: Path) -> tuple[dict, dict]:
     """The weights and training state of a checkpoint in files (the .pdparams and the .pdopt beside it)."""
     weights_path, state_path = path.with_suffix(".pdparams"), path.with_suffix(_STATE)
     if not weights_path.exists():
-        raise UserError(f"checkpoint {weights_path} not found: pass --resume auto, none, or an existing .pdparams file")
+        raise UserError(f"checkpoint {weights_path} not found: {output_folder.RESUME_CHOICES}")
     if not state_path.exists():
         raise UserError(
             f"{weights_path} is not a checkpoint written by run.py (it has no {state_path.name} beside it): "

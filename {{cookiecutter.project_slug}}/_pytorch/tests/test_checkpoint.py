@@ -130,7 +130,8 @@ def test_a_resume_keeps_each_parameter_groups_own_rate_and_a_new_lr_scales_them_
         return [group["lr"] for group in saver.optimizer.param_groups]
 
     going_on = rates(0.1)
-    assert going_on[1] == pytest.approx(10 * going_on[0]) and going_on[0] < 0.1  # (on the cosine, after epoch 1)
+    assert going_on[1] == pytest.approx(10 * going_on[0])
+    assert going_on[0] < 0.1  # (on the cosine, after epoch 1)
     assert rates(0.5, lr=0.5) == pytest.approx([0.5, 5.0])  # --lr on a resume: the rate from here on
 
 

@@ -183,9 +183,7 @@ class Checkpointer(CheckpointerBase):
         if found is None:
             if how == "auto":
                 return None
-            raise UserError(
-                f"checkpoint {path} not found: pass --resume auto, none, or an existing file (or sharded folder)"
-            )
+            raise UserError(f"checkpoint {path} not found: {output_folder.RESUME_CHOICES}")
         output_folder.check_checkpoint(path, _TRAINING, Path(LAST).suffix)  # a run's folder, the other framework's
         checkpoint = self._read_shards(path) if path.is_dir() else self._read_file(path)
         self.schedule.stepper.load_state_dict(checkpoint["scheduler"])
