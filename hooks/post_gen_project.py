@@ -1,11 +1,10 @@
 """Put the chosen framework's and task's files in place and remove what the answers do not need.
 
 The template keeps each framework's Python files whole, under _pytorch/ and
-_paddle/, and each task's under _tasks/<task>/: its data.py (framework-free, for
-both), its model.py and task.py under _pytorch/ and _paddle/ (a task.py both frameworks
-can run stands beside data.py instead), its sample data and
-its own tests; the image tasks share _tasks/images.py. This hook moves one set of
-each into the project and deletes the rest.
+_paddle/, and each task's under _tasks/<task>/: its data.py and task.py (one for both
+frameworks: task.py's import names the framework at baking), its model.py under _pytorch/
+and _paddle/, its sample data and its own tests; the image tasks share _tasks/images.py.
+This hook moves one set of each into the project and deletes the rest.
 """
 
 import json
@@ -39,9 +38,8 @@ def remove_framework_dirs() -> None:
 
 
 def use_task_files(task: str, framework: str, package: str) -> None:
-    """The task's framework-free modules (data.py, and task.py where both frameworks run one), and the framework's
-    model.py and task.py, into the package (with the image helpers for an image task), its sample data into data/,
-    its tests (if it has some of its own) into tests/."""
+    """The task's data.py and task.py and the framework's model.py into the package (with the image helpers for an
+    image task), its sample data into data/, its tests (if it has some of its own) into tests/."""
     source = TASKS_DIR / task
     move_tree(source / f"_{framework}", Path(package))
     for module in source.glob("*.py"):

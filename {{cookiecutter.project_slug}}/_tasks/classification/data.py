@@ -33,9 +33,7 @@ from .images import (
     synthetic_images,
 )
 
-# run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
-# add_argument(flag, **keywords), "type" one of int, float, str, positive_int, positive_number, fraction.
-# They are read from this file's text, not by importing it: plain values only.
+# run.py's options that this file reads, beside run.py's own: plain values (README: "Your own options").
 OPTIONS = {
     "--labels-csv": {
         "metavar": "FILE",

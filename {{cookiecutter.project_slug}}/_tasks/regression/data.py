@@ -23,9 +23,7 @@ from . import archive
 from .batches import Labeled, quantile_bins
 from .errors import UserError
 
-# run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
-# add_argument(flag, **keywords), "type" one of int, float, str, positive_int, positive_number, fraction.
-# They are read from this file's text, not by importing it: plain values only.
+# run.py's options that this file reads, beside run.py's own: plain values (README: "Your own options").
 OPTIONS = {
     "--target": {"default": "target", "metavar": "NAME", "help": "the CSV column to learn (default: target)"},
     "--val-fraction": {

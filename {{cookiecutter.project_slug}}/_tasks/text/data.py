@@ -28,9 +28,7 @@ from .errors import UserError
 
 log = logging.getLogger(__name__)
 
-# run.py's options that this file reads, beside run.py's own (README: "Your own options"): argparse's
-# add_argument(flag, **keywords), "type" one of int, float, str, positive_int, positive_number, fraction.
-# They are read from this file's text, not by importing it: plain values only.
+# run.py's options that this file reads, beside run.py's own: plain values (README: "Your own options").
 OPTIONS = {
     "--val-fraction": {
         "type": "fraction",

@@ -3,38 +3,43 @@ project learns.
 
 Edit these functions (and the two constants) for a task of your own; the loops, checkpoints,
 predict.py and the notebook call nothing else. Every batch arrives as the loader made it
-(here a list: images [B, C, S, S], masks [B, S, S] of class indices), already on the model's
+(here a pair: images [B, C, S, S], masks [B, S, S] of class indices), already on the model's
 device, in the run's precision.
 """
 
 import numpy as np
-import paddle
-import paddle.nn.functional as F
+{# torch or paddle: both spell what this file calls alike #}import {{ cookiecutter.framework | replace("pytorch", "torch") }}.nn.functional as F
 from PIL import Image
 
 from .errors import UserError
 from .submission import image_ids, write_mask_files, write_masks
 
-BEST_METRIC = "miou"  # the metric of metrics() that picks checkpoints/best.pdparams
+BEST_METRIC = "miou"  # the metric of metrics() that picks checkpoints/best.*
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
 
 
-def training_loss(model, batch) -> paddle.Tensor:
+def training_loss(model, batch):
     """The batch's mean loss, a scalar: the cross-entropy of every pixel, averaged."""
     images, masks = batch
-    return F.cross_entropy(model(images), masks, axis=1)
+    return F.cross_entropy(pixel_rows(model(images)), masks.flatten())
 
 
 def validation_step(model, batch) -> tuple[dict, dict]:
     """What one validation batch adds, as sums (over every batch of every rank): each image's mean pixel loss,
     and the confusion matrix of the pixels (row: the true class, column: the predicted one)."""
     images, masks = batch
-    logits = model(images).astype("float32")
+    logits = model(images).float()
     num_classes = logits.shape[1]
-    losses = F.cross_entropy(logits, masks, axis=1, reduction="none").reshape([masks.shape[0], -1]).mean(axis=1)
-    pairs = masks.flatten() * num_classes + logits.argmax(axis=1).flatten()
-    confusion = paddle.bincount(pairs, minlength=num_classes * num_classes).reshape([num_classes, num_classes])
+    losses = F.cross_entropy(pixel_rows(logits), masks.flatten(), reduction="none").reshape(len(masks), -1).mean(1)
+    pairs = masks.flatten() * num_classes + logits.argmax(1).flatten()
+    confusion = pairs.bincount(minlength=num_classes * num_classes).reshape(num_classes, num_classes)
     return {"loss": losses.sum(), "confusion": confusion}, {}
+
+
+def pixel_rows(logits):
+    """[B, classes, S, S] scores as a row of class scores per pixel, [B * S * S, classes]: the layout in which
+    PyTorch's and Paddle's cross_entropy agree (Paddle's reads the class from the last dimension)."""
+    return logits.moveaxis(1, -1).reshape(-1, logits.shape[1])
 
 
 def metrics(sums: dict, per_sample: dict, count: int) -> dict:
@@ -59,7 +64,7 @@ def predict_step(model, batch) -> list:
 def predict_outputs(model, batch) -> np.ndarray:
     """What predict.py averages over several checkpoints and test-time views (numpy): each pixel's class
     probabilities, [images, classes, S, S]."""
-    return F.softmax(model(batch).astype("float32"), axis=1).numpy()
+    return model(batch).float().softmax(1).cpu().numpy()
 
 
 def rows_from_outputs(outputs: np.ndarray) -> list:
@@ -70,7 +75,7 @@ def rows_from_outputs(outputs: np.ndarray) -> list:
 def test_time_views(model, batch) -> list[np.ndarray]:
     """predict.py --tta: predict_outputs() of each view of the batch, in the images' own frame: the images as they
     are, and flipped left to right (their masks flipped back)."""
-    return [predict_outputs(model, batch), np.flip(predict_outputs(model, paddle.flip(batch, axis=[-1])), axis=-1)]
+    return [predict_outputs(model, batch), np.flip(predict_outputs(model, batch.flip(-1)), axis=-1)]
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:

@@ -2,20 +2,19 @@
 
 Edit these functions (and the two constants) for a task of your own; the loops, checkpoints,
 predict.py and the notebook call nothing else. Every batch arrives as the loader made it
-(here a list: images, labels), already on the model's device, in the run's precision.
+(here a pair: images, labels), already on the model's device, in the run's precision.
 """
 
 import numpy as np
-import paddle
-import paddle.nn.functional as F
+{# torch or paddle: both spell what this file calls alike #}import {{ cookiecutter.framework | replace("pytorch", "torch") }}.nn.functional as F
 
 from .submission import image_ids, write_csv
 
-BEST_METRIC = "acc"  # the metric of metrics() that picks checkpoints/best.pdparams
+BEST_METRIC = "acc"  # the metric of metrics() that picks checkpoints/best.*
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
 
 
-def training_loss(model, batch) -> paddle.Tensor:
+def training_loss(model, batch):
     """The batch's mean loss, a scalar: what training minimises."""
     images, labels = batch
     return F.cross_entropy(model(images), labels)
@@ -29,9 +28,9 @@ def validation_step(model, batch) -> tuple[dict, dict]:
     batch's samples, gathered in dataset order for metrics that need every sample (an AUC).
     """
     images, labels = batch
-    logits = model(images).astype("float32")
+    logits = model(images).float()
     loss = F.cross_entropy(logits, labels, reduction="sum")
-    return {"loss": loss, "correct": (logits.argmax(axis=1) == labels.flatten()).astype("int64").sum()}, {}
+    return {"loss": loss, "correct": (logits.argmax(1) == labels).sum()}, {}
 
 
 def metrics(sums: dict, per_sample: dict, count: int) -> dict:
@@ -48,7 +47,7 @@ def predict_step(model, batch) -> list:
 def predict_outputs(model, batch) -> np.ndarray:
     """What predict.py averages over several checkpoints and test-time views (numpy, a row per input): here each
     input's class probabilities."""
-    return F.softmax(model(batch).astype("float32"), axis=1).numpy()
+    return model(batch).float().softmax(1).cpu().numpy()
 
 
 def rows_from_outputs(outputs: np.ndarray) -> list:
@@ -60,7 +59,7 @@ def rows_from_outputs(outputs: np.ndarray) -> list:
 def test_time_views(model, batch) -> list[np.ndarray]:
     """predict.py --tta: predict_outputs() of each view of the batch, in the inputs' own frame: the images as they
     are, and flipped left to right."""
-    return [predict_outputs(model, batch), predict_outputs(model, paddle.flip(batch, axis=[-1]))]
+    return [predict_outputs(model, batch), predict_outputs(model, batch.flip(-1))]
 
 
 def write_predictions(output: str | None, keys: list, rows: list, description: dict, options) -> str:

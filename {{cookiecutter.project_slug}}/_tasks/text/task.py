@@ -7,20 +7,19 @@ device, in the run's precision.
 """
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+{# torch or paddle: both spell what this file calls alike #}import {{ cookiecutter.framework | replace("pytorch", "torch") }}.nn.functional as F
 
 from .submission import write_csv
 
-BEST_METRIC = "auc"  # the metric of metrics() that picks checkpoints/best.pt
+BEST_METRIC = "auc"  # the metric of metrics() that picks checkpoints/best.*
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
 
 
-def logits_of(model, batch) -> torch.Tensor:
+def logits_of(model, batch):
     return model(batch["input_ids"], batch["attention_mask"])
 
 
-def training_loss(model, batch) -> torch.Tensor:
+def training_loss(model, batch):
     """The batch's mean loss, a scalar: what training minimises."""
     return F.cross_entropy(logits_of(model, batch), batch["labels"])
 
@@ -34,8 +33,8 @@ def validation_step(model, batch) -> tuple[dict, dict]:
     logits = logits_of(model, batch).float()
     labels = batch["labels"]
     loss = F.cross_entropy(logits, labels, reduction="sum")
-    sums = {"loss": loss, "correct": (logits.argmax(dim=1) == labels).sum()}
-    return sums, {"probabilities": logits.softmax(dim=1), "labels": labels}
+    sums = {"loss": loss, "correct": (logits.argmax(1) == labels).sum()}
+    return sums, {"probabilities": logits.softmax(1), "labels": labels}
 
 
 def metrics(sums: dict, per_sample: dict, count: int) -> dict:
@@ -73,7 +72,7 @@ def predict_step(model, batch) -> list:
 def predict_outputs(model, batch) -> np.ndarray:
     """What predict.py averages over several checkpoints (numpy, a row per text): each text's class
     probabilities."""
-    return logits_of(model, batch).float().softmax(dim=1).cpu().numpy()
+    return logits_of(model, batch).float().softmax(1).cpu().numpy()
 
 
 def rows_from_outputs(outputs: np.ndarray) -> list:
