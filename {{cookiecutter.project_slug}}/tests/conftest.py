@@ -46,6 +46,17 @@ def build_datasets(args):  # noqa: F811 - a test slows the reads, as a slow disk
 """
 
 
+# What archives made on macOS and Windows hold beside the data: never extracted, never read as data.
+ARCHIVE_JUNK = {
+    "__MACOSX/train/cat/._0.png": b"\x00\x05\x16\x07 AppleDouble",
+    "__MACOSX/._train": b"\x00\x05\x16\x07",
+    "train/cat/._0.png": b"\x00\x05\x16\x07 a resource fork, not a png",
+    "train/.DS_Store": b"Bud1",
+    "val/dog/Thumbs.db": b"\xd0\xcf\x11\xe0",
+    ".DS_Store": b"Bud1",
+}
+
+
 def usable_gpus() -> tuple[int, str]:
     """(GPUs the framework can use, why none where there are none), asked without initialising CUDA here."""
     from {{ cookiecutter.project_slug }} import framework_probe

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import ARCHIVE_JUNK
 from filelock import FileLock
 
 from {{ cookiecutter.project_slug }} import archive
@@ -411,16 +412,6 @@ def test_a_full_disk_during_extraction_says_so_and_leaves_no_partial_dataset(tmp
     assert extract(source, target) is True and files_under(target) == LAYOUT
 
 
-JUNK = {
-    "__MACOSX/train/cat/._0.png": b"\x00\x05\x16\x07 AppleDouble",
-    "__MACOSX/._train": b"\x00\x05\x16\x07",
-    "train/cat/._0.png": b"\x00\x05\x16\x07 a resource fork, not a png",
-    "train/.DS_Store": b"Bud1",
-    "val/dog/Thumbs.db": b"\xd0\xcf\x11\xe0",
-    ".DS_Store": b"Bud1",
-}
-
-
 def every_file_under(root: Path) -> set[str]:
     """Every file, hidden or not, but the project's own bookkeeping (marker, lock)."""
     bookkeeping = {archive.DONE_MARKER, archive.LOCK}
@@ -429,7 +420,7 @@ def every_file_under(root: Path) -> set[str]:
 
 @pytest.mark.parametrize("writer, name", [(write_zip, "data.zip"), (write_tar, "data.tar.gz")])
 def test_junk_from_macos_and_windows_is_not_extracted(tmp_path, writer, name):
-    source = writer(tmp_path / name, {**LAYOUT, **JUNK})
+    source = writer(tmp_path / name, {**LAYOUT, **ARCHIVE_JUNK})
     target = tmp_path / "data"
 
     assert extract(source, target) is True
@@ -461,7 +452,7 @@ def test_junk_entries_are_checked_like_any_other(tmp_path):
 
 def test_an_archive_with_one_top_folder_reads_from_inside_it(tmp_path):
     wrapped = {f"mydata/{name}": content for name, content in LAYOUT.items()}
-    source = write_zip(tmp_path / "mydata.zip", {**wrapped, **JUNK, "__MACOSX/mydata/._train": b"\x00"})
+    source = write_zip(tmp_path / "mydata.zip", {**wrapped, **ARCHIVE_JUNK, "__MACOSX/mydata/._train": b"\x00"})
     target = tmp_path / "data"
     extract(source, target)
 

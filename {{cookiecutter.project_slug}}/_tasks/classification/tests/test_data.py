@@ -14,22 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import copy_of_project, write_image_folder
+from conftest import ARCHIVE_JUNK, copy_of_project, write_image_folder
 from PIL import Image
 
 from {{ cookiecutter.project_slug }} import archive, cli, data, folds, settings, workspace
 from {{ cookiecutter.project_slug }}.errors import UserError
-
-JUNK = {
-    "__MACOSX/digits/train/0/._0000.png": b"\x00\x05\x16\x07 AppleDouble",
-    "__MACOSX/._digits": b"\x00\x05\x16\x07",
-    "digits/train/0/._0000.png": b"\x00\x05\x16\x07 a resource fork that ends in .png",
-    "digits/val/3/._extra.png": b"\x00\x05\x16\x07",
-    "digits/.DS_Store": b"Bud1",
-    "digits/train/.DS_Store": b"Bud1",
-    "digits/val/Thumbs.db": b"\xd0\xcf\x11\xe0",
-    ".DS_Store": b"Bud1",
-}
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +86,9 @@ def test_a_repacked_archive_with_a_top_folder_and_junk_loads_the_same_images(
     with zipfile.ZipFile(sample_archive) as original, zipfile.ZipFile(repacked, "w") as zf:
         for name in original.namelist():
             zf.writestr(f"digits/{name}", original.read(name))
-        for name, content in JUNK.items():
+        for name, content in ARCHIVE_JUNK.items():  # beside the top folder and inside it
             zf.writestr(name, content)
+            zf.writestr(f"digits/{name}", content)
     target = tmp_path / "mydata"
     archive.ensure_extracted(repacked, target, show_progress=False)
 
@@ -112,7 +102,7 @@ def test_a_repacked_archive_with_a_top_folder_and_junk_loads_the_same_images(
     for index in (0, len(train) - 1):
         assert np.array_equal(as_array(train[index][0]), as_array(original_train[index][0]))
     on_disk = {path.name for path in target.rglob("*")}
-    assert not on_disk & {"__MACOSX", ".DS_Store", "Thumbs.db", "._0000.png", "._extra.png"}
+    assert not on_disk & {"__MACOSX", ".DS_Store", "Thumbs.db", "._0.png", "cat"}
 
 
 def test_a_flat_folder_with_a_labels_csv_gives_the_same_classes_and_a_stratified_split(
