@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import copy_of_project
 
 from {{ cookiecutter.project_slug }} import cli, inference, settings, workspace
 from {{ cookiecutter.project_slug }}.model import build_optimizer
@@ -22,6 +23,22 @@ def run_py(project_root, output, *args: str) -> str:
     result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result.stdout
+
+
+# Appended to data.py: the training set's description names the data's release, DATA_RELEASE (a dataset replaced
+# between a run and its resume).
+RELEASED_DATA = """
+
+import os
+
+_build_released = build_datasets
+
+
+def build_datasets(args):  # noqa: F811 - a test names the data's release
+    train_set, val_set, outputs = _build_released(args)
+    train_set.description = {**getattr(train_set, "description", {}), "release": os.environ["DATA_RELEASE"]}
+    return train_set, val_set, outputs
+"""
 
 
 def rates(output) -> list[float]:
@@ -80,3 +97,20 @@ def test_a_warmup_rises_from_zero_a_resume_keeps_it_and_a_new_one_given_wins(pro
     expected = [0, 0.5, 1, 0.5 * (1 + math.cos(math.pi * 3 / 4))]
     assert rates(output) == [round(rate * factor, 6) for factor in expected]
     assert "--warmup-epochs 0 replaces the resumed run's 2" in log
+
+
+def test_a_resume_on_data_described_otherwise_than_its_checkpoint_says_what_differs(
+    project_root, tmp_path, monkeypatch
+):
+    project = copy_of_project(project_root, tmp_path / "project", data=RELEASED_DATA)
+    output = tmp_path / "output"
+    monkeypatch.setenv("DATA_RELEASE", "1")
+    run_py(project, output, "--epochs", "1")
+
+    monkeypatch.setenv("DATA_RELEASE", "2")
+    on_other_data = run_py(project, output, "--epochs", "2")
+    on_the_same_data = run_py(project, output, "--epochs", "3")
+
+    assert "the data differs from the checkpoint's in release: " in on_other_data
+    assert "the data differs" not in on_the_same_data
+    assert len((output / "metrics.jsonl").read_text().splitlines()) == 3  # training went on

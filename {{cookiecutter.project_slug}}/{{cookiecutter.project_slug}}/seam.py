@@ -10,8 +10,10 @@ dataset order, padded with -100 where batches differ in shape).
 
 import contextlib
 import inspect
+import json
 import math
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 
@@ -281,3 +283,10 @@ def data_description(train_set, outputs: int, model_options: dict | None = None)
     if model_options:
         description["model_options"] = model_options
     return {**description, "num_classes": outputs}
+
+
+def changed_description(saved: dict | None, current: dict) -> list[str]:
+    """The keys of data_description() whose values differ from those a resumed checkpoint kept (`saved`; None or
+    a key it lacks: nothing to compare). Compared as JSON: a tuple read back as a list is the same value."""
+    as_json = partial(json.dumps, sort_keys=True, default=str)
+    return [key for key, value in current.items() if key in (saved or {}) and as_json(saved[key]) != as_json(value)]

@@ -64,8 +64,7 @@ class TrainingState:
     # The learning rate its schedule decays from (not compared: two states at the same point are equal whatever
     # rate build_optimizer() gave them).
     base_lr: float | None = field(default=None, compare=False)
-    # task.BEST_METRIC (without val_) and BEST_MODE, "max" or "min"; by default the loss, which every task's metrics()
-    # return.
+    # task.BEST_METRIC (without val_) and BEST_MODE, "max" or "min"; by default the loss, which every metrics() has.
     best_metric: str = "loss"
     best_mode: str = "min"
     # Where the schedule stands, in epochs (None: at the epochs done, as the first versions' per-epoch schedule), and
@@ -167,6 +166,7 @@ class CheckpointerBase:
         self.best = best  # task.py's BEST_METRIC and BEST_MODE
         self.state = TrainingState(best_metric=best[0], best_mode=best[1])
         self.loaded: Path | None = None  # the checkpoint resume() read
+        self.loaded_data: dict | None = None  # and the data description it kept
         self.every_steps: int | None = None  # --save-every-steps
         self.keep_best: int | None = None  # --keep-best
         self.in_background = False  # save_in_background()
@@ -227,7 +227,7 @@ class CheckpointerBase:
         loaded = self._read(how)
         self.state = TrainingState() if loaded is None else self._restored(*loaded)
         self.state.choose_best_by(*self.best)
-        self.loaded = loaded[0] if loaded is not None else None
+        self.loaded, self.loaded_data = (loaded[0], loaded[1].get("data")) if loaded is not None else (None, None)
         if init_from and loaded is not None:
             log.info("--init-from %s ignored: a resumed run goes on from its own checkpoint", init_from)
         elif init_from:
