@@ -102,10 +102,12 @@ def test_ctrl_c_during_a_save_whose_writer_then_fails_is_the_interrupted_line_no
 def test_a_fresh_run_in_a_folder_of_an_earlier_run_says_that_its_metrics_and_saves_are_replaced(tmp_path, caplog):
     logs.append_metrics(tmp_path / "metrics.jsonl", {"epoch": 1, "val_loss": 0.5})
 
-    logs.MetricsLog(tmp_path / "metrics.jsonl", True, 3, 0)  # --resume none
+    metrics = logs.MetricsLog(tmp_path / "metrics.jsonl", True, 3, 0)  # --resume none
 
     assert f"this run starts afresh in {tmp_path}: the earlier run's metrics and saves" in caplog.text
-    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1  # until its first epoch: it may fail first
+    metrics.report(1, {"loss": 0.7, "samples": 32, "data_wait": 0.0, "lr": 0.1}, {"loss": 0.25, "samples": 8}, 0.0)
+    assert [json.loads(line)["val_loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0.25]
     caplog.clear()
     logs.append_metrics(tmp_path / "metrics.jsonl", {"epoch": 1, "val_loss": 0.5})
     logs.MetricsLog(tmp_path / "metrics.jsonl", True, 3, 1)  # a resumed run

@@ -107,12 +107,20 @@ def log_model(strategy: str, parameters: int, bytes_per_process: int) -> None:
 class MetricsLog:
     """metrics.jsonl: rank 0 appends one line per finished epoch (the keys README.md lists); every rank logs it.
 
-    A resumed run first forgets the epochs its checkpoint does not cover, so no epoch is logged twice.
+    A resumed run first forgets the epochs its checkpoint does not cover, so no epoch is logged twice. A run that
+    starts afresh over an earlier one forgets that run's at its first epoch's end, as its checkpoints replace the
+    earlier ones: a run that fails before leaves both as they were.
     """
 
     def __init__(self, path: Path, is_main: bool, epochs: int, epochs_done: int, **per_run):
         self.path, self.is_main, self.epochs, self.per_run = Path(path), is_main, epochs, per_run
-        if is_main:
+        self.afresh = is_main and not epochs_done and any(map(epoch_of, _lines(self.path)))  # --resume none (or no saves)
+        if self.afresh:
+            PACKAGE_LOGGER.warning(
+                "this run starts afresh in %s: the earlier run's metrics and saves there are replaced as its epochs "
+                "end (a new --output-dir keeps them)", self.path.parent,
+            )  # fmt: skip
+        elif is_main:
             drop_metrics_after(self.path, epochs_done)
 
     def report(self, epoch: int, train_stats: dict, val_stats: dict, started: float) -> dict:
@@ -129,6 +137,9 @@ class MetricsLog:
             "lr": train_stats["lr"],
         }
         if self.is_main:
+            if self.afresh:
+                self.path.write_text("", encoding="utf-8")
+                self.afresh = False
             append_metrics(self.path, record)
         PACKAGE_LOGGER.info(
             "epoch %d/%d train_loss %.4f %s (%.1f s)",
@@ -191,18 +202,14 @@ def json_text(record: dict, indent: int | None = None) -> str:
 
 def drop_metrics_after(path: Path, epoch: int) -> None:
     """Forget epochs a checkpoint does not cover, so a resumed run never logs one twice."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    epochs = [epoch_of(line) for line in lines]
-    kept = [line for line, recorded in zip(lines, epochs, strict=True) if recorded is not None and recorded <= epoch]
-    if epoch == 0 and any(epochs):  # --resume none, or a folder whose saves are gone
-        PACKAGE_LOGGER.warning(
-            "this run starts afresh in %s: the earlier run's metrics and saves there are replaced (a new "
-            "--output-dir keeps them)", path.parent,
-        )  # fmt: skip
+    lines = _lines(path)
+    kept = [line for line in lines if (recorded := epoch_of(line)) is not None and recorded <= epoch]
     if len(kept) != len(lines):
         path.write_text("".join(kept), encoding="utf-8")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else []
 
 
 def epoch_of(line: str) -> int | None:
