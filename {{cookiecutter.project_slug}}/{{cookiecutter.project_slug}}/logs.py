@@ -114,7 +114,8 @@ class MetricsLog:
 
     def __init__(self, path: Path, is_main: bool, epochs: int, epochs_done: int, **per_run):
         self.path, self.is_main, self.epochs, self.per_run = Path(path), is_main, epochs, per_run
-        self.afresh = is_main and not epochs_done and any(map(epoch_of, _lines(self.path)))  # --resume none (or no saves)
+        # --resume none over an earlier run (or a folder whose saves are gone)
+        self.afresh = is_main and not epochs_done and any(map(epoch_of, _lines(self.path)))
         if self.afresh:
             PACKAGE_LOGGER.warning(
                 "this run starts afresh in %s: the earlier run's metrics and saves there are replaced as its epochs "
