@@ -2,7 +2,7 @@
 predict on new rows.
 
 --data-dir holds train.csv (and val.csv if you have one; else --val-fraction of the rows is held out).
-A header row; every column but `id` (optional) and the target (--target, default `target`) is a
+A header row; every column but `id` (optional; `Id` or `ID` too) and the target (--target, default `target`) is a
 numeric feature. Features are standardised with the training rows' mean and standard deviation,
 which the sets' `description` keeps for checkpoints and predict.py, with the target's own mean and
 standard deviation (build_model() gets them: the model predicts in the target's units).
@@ -166,6 +166,7 @@ def read_csv(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
         reader = csv.reader(file)
         try:
             header = [name.strip() for name in next(reader, [])]
+            header = [ID if name.lower() == ID else name for name in header]  # (Id, ID: other spellings of it)
             rows = [(reader.line_num, row) for row in reader if row]
         except (UnicodeDecodeError, csv.Error) as error:
             raise UserError(f"{path} cannot be read as CSV text ({error}): save it as a UTF-8 CSV file") from None

@@ -197,6 +197,7 @@ def read_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = True) -> 
         reader = csv.DictReader(file)
         try:
             header = [name.strip() for name in reader.fieldnames or []]
+            header = ["id" if name.lower() == "id" else name for name in header]  # (Id, ID: other spellings of it)
             missing = [name for name in columns if name not in header]
             if missing:
                 raise UserError(
@@ -270,7 +271,7 @@ def predict_csv(source: Path) -> Path:
 
 
 def build_predict_set(source: Path, description: dict) -> tuple[TextDataset, list[str]]:
-    """predict.py's inputs: the texts of the CSV file `source` (columns id and text; without id, the row number
+    """predict.py's inputs: the texts of the CSV file `source` (columns id, or Id or ID, and text; without id, the row number
     from 0), read as training read its texts (the checkpoint's `description`), in the file's order; and their
     ids."""
     path = predict_csv(source)

@@ -244,6 +244,20 @@ def test_rows_to_predict_without_an_id_are_numbered_from_0_their_columns_in_any_
     assert np.asarray(inputs[1]) == pytest.approx((np.array([60, 25, 1]) - mean) / std, abs=1e-5)
 
 
+def test_an_id_column_spelled_id_or_ID_is_the_rows_ids_in_training_and_predicting_not_a_feature(tmp_path):
+    header = ["Id", *HEADER[1:]]  # Kaggle's spelling (House Prices)
+    write_csv(tmp_path / "train.csv", header, patients(40))
+    train_set, _, num_classes = data.build_datasets(args_for(tmp_path, val_fraction=0.25))
+    labeled = data.build_labeled_set(args_for(tmp_path, folds=2))
+    source = write_csv(tmp_path / "test.csv", ["ID", "age", "bmi", "site"], [["q1", 30, 20, 1], ["q2", 60, 25, 1]])
+
+    _, keys = data.build_predict_set(source, seam.data_description(train_set, num_classes))
+
+    assert train_set.description["features"] == ["age", "bmi", "site"]
+    assert labeled.ids[:2] == ["p0", "p1"]
+    assert keys == ["q1", "q2"]
+
+
 def test_a_folder_holding_one_csv_file_beside_junk_predicts_its_rows(table, tmp_path):
     train_set, _, num_classes = data.build_datasets(args_for(table))
     folder = tmp_path / "unpacked"  # as predict.py leaves an archive of test.csv

@@ -199,6 +199,16 @@ def test_texts_to_predict_without_an_id_column_are_numbered_from_0_in_the_files_
     assert keys == ["0", "1", "2"] and len(inputs) == 3
 
 
+def test_texts_to_predict_with_an_id_column_spelled_id_or_ID_keep_their_ids(texts, tmp_path):
+    train_set, _, num_classes = data.build_datasets(args_for(texts))
+    description = seam.data_description(train_set, num_classes)
+
+    for spelling in ("Id", "ID"):
+        source = write_csv(tmp_path / f"{spelling}.csv", [spelling, "text"], [["t7", "a socket"], ["t9", "a file"]])
+        _, keys = data.build_predict_set(source, description)
+        assert keys == ["t7", "t9"], spelling
+
+
 def test_texts_to_predict_without_a_text_column_are_one_line_naming_the_file(texts, tmp_path):
     train_set, _, num_classes = data.build_datasets(args_for(texts))
     source = write_csv(tmp_path / "new.csv", ["id", "body"], [["1", "a socket"]])
