@@ -128,7 +128,13 @@ def test_help_through_the_shell_scripts_is_the_python_scripts_help(
 
 @pytest.mark.parametrize(
     "flag, nearest",
-    [("--num_workers=2", "--workers"), ("--max-epochs", "--epochs"), ("--batch-sise", "--batch-size"), ("--zzz", None)],
+    [
+        ("--num_workers=2", "--workers"),
+        ("--max-epochs", "--epochs"),
+        ("--batch-sise", "--batch-size"),
+        ("--epoch", "--epochs"),  # a flag's beginning is no abbreviation of it
+        ("--zzz", None),
+    ],
 )
 def test_an_unknown_flag_names_the_nearest_by_spelling_or_by_what_other_trainers_call_it(capsys, flag, nearest):
     with pytest.raises(SystemExit) as stop:

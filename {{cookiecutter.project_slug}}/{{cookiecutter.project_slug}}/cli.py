@@ -38,6 +38,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     source = None  # where the values being read come from, when not the command line (options.with_config())
 
+    def __init__(self, **keywords):  # no abbreviations: --epoch is not --epochs, and a new option breaks no command
+        super().__init__(allow_abbrev=False, **keywords)
+
     def error(self, message: str) -> NoReturn:
         where = f" {self.source}" if self.source else ""
         hint = options.nearest_to_unknown(message, self)

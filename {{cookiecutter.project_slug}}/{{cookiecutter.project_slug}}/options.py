@@ -159,7 +159,7 @@ def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     win; one the command line gives replaces the file's, a repeatable one's whole list, and the other of an
     exclusive pair (--grad-accum, --global-batch-size) too. A key that is no option, or a value it cannot take, is one
     `error:` line."""
-    finder = argparse.ArgumentParser(add_help=False)
+    finder = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     finder.add_argument("--config", type=path)
     file = workspace.in_workspace(finder.parse_known_args(argv)[0].config)  # (AI Studio: uploaded to its workspace)
     if file is None:
