@@ -7,7 +7,8 @@ float32, mask [S, S] int64) pairs of arrays, S = --image-size, that the loader m
 sharding across ranks and batching are done for you in loaders.build_loaders().
 
 The data folder (--data-dir) holds images/ and masks/: for images/a/b.jpg the mask is
-masks/a/b.png, a PNG whose pixels are class indices (0 = background). val/images/ and
+masks/a/b.png, a PNG whose pixels are class indices (0 = background; IGNORE_INDEX, 255, marks pixels
+that no class is learned from, such as VOC's object borders). val/images/ and
 val/masks/ are the validation split; without them --val-fraction of the images are held
 out. Images are resized bilinearly, masks by nearest neighbour (an index is never blended).
 
@@ -80,7 +81,9 @@ PREDICT_OPTIONS = {
 IMAGE_SIZE = 32  # the default side images and masks are resized to (--image-size): the sample's own
 CHANNELS = 3  # the default --channels
 PREDICT_SAMPLE = "val/images"  # what of the sample data (under --data-dir) the notebook lets predict.py predict
-MAX_CLASSES = 256  # predicted masks are 8-bit PNGs
+MAX_CLASSES = 255  # predicted masks are 8-bit PNGs, 255 being IGNORE_INDEX
+# A mask value left out of the loss and the metrics (task.py), not a class; None: every value is a class.
+IGNORE_INDEX = 255
 # Modes whose pixels are class indices: grey, palette (a palette PNG's pixels are its indices), 1-bit, integer.
 MASK_MODES = ("L", "P", "1", "I", "I;16")
 SYNTHETIC_CLASSES = 3  # background, dim squares, bright squares
@@ -199,9 +202,19 @@ def by_stem(paths: list[Path], root: Path, clash: str = "which one goes with the
 
 
 def count_classes(train: list[Pair], val: list[Pair], asked: int | None) -> int:
-    """--num-classes, or the largest index in the training masks plus one; every mask read once, checked."""
-    largest = {mask: checked_mask(image, mask).max() for image, mask in [*train, *val]}
-    num_classes = asked or int(max(largest[mask] for _, mask in train)) + 1
+    """--num-classes, or the largest index in the training masks plus one (IGNORE_INDEX is none); every mask read
+    once, checked."""
+    largest, ignores = {}, False
+    for image, mask in [*train, *val]:
+        indices = checked_mask(image, mask)
+        classes = indices if IGNORE_INDEX is None else indices[indices != IGNORE_INDEX]
+        largest[mask], ignores = int(classes.max(initial=0)), ignores or classes.size < indices.size
+    num_classes = asked or max(largest[mask] for _, mask in train) + 1
+    if ignores and not any(largest.values()):  # (nothing but the background and ignored pixels)
+        raise UserError(
+            f"the masks hold 0 and {IGNORE_INDEX} only, and {IGNORE_INDEX} marks pixels left out (IGNORE_INDEX in "
+            f"data.py): binary masks saved as 0 and 255? Save them as 0 and 1, or set IGNORE_INDEX = None"
+        )
     if num_classes > MAX_CLASSES:
         raise UserError(f"{num_classes} classes: masks are 8-bit, at most {MAX_CLASSES} classes")
     for _, mask in [*train, *val]:
@@ -209,7 +222,7 @@ def count_classes(train: list[Pair], val: list[Pair], asked: int | None) -> int:
             raise UserError(
                 f"mask {mask} holds class index {largest[mask]}, but there are {num_classes} classes "
                 f"({'--num-classes' if asked else 'the largest index in the training masks plus one'}): "
-                "fix the mask, or pass --num-classes"
+                f"fix the mask, or pass {'a larger ' if asked else ''}--num-classes"
             )
     return num_classes
 

@@ -11,34 +11,40 @@ import numpy as np
 {# torch or paddle: both spell what this file calls alike #}import {{ cookiecutter.framework | replace("pytorch", "torch") }}.nn.functional as F
 from PIL import Image
 
+from .data import IGNORE_INDEX
 from .errors import UserError
 from .submission import image_ids, write_mask_files, write_masks
 
 BEST_METRIC = "miou"  # the metric of metrics() that picks checkpoints/best.*
 BEST_MODE = "max"  # "max": higher is better; "min": lower is better
+IGNORED = -100 if IGNORE_INDEX is None else IGNORE_INDEX  # the mask value cross_entropy leaves out (-100: none)
 
 
 def training_loss(model, batch):
-    """The batch's mean loss, a scalar: the cross-entropy of every pixel, averaged."""
+    """The batch's mean loss, a scalar: the cross-entropy of every pixel but the ignored ones, averaged."""
     images, masks = batch
-    return F.cross_entropy(pixel_rows(model(images)), masks.flatten())
+    return F.cross_entropy(pixel_rows(model(images)), masks.flatten(), ignore_index=IGNORED)
 
 
 def validation_step(model, batch) -> tuple[dict, dict]:
     """What one validation batch adds, as sums (over every batch of every rank): each image's mean pixel loss,
-    and the confusion matrix of the pixels (row: the true class, column: the predicted one)."""
+    and the confusion matrix of the pixels (row: the true class, column: the predicted one); ignored pixels in
+    neither."""
     images, masks = batch
     logits = model(images).float()
-    num_classes = logits.shape[1]
-    losses = F.cross_entropy(pixel_rows(logits), masks.flatten(), reduction="none").reshape(len(masks), -1).mean(1)
-    pairs = masks.flatten() * num_classes + logits.argmax(1).flatten()
+    num_classes, labels = logits.shape[1], masks.flatten()
+    kept = labels != IGNORED
+    losses = F.cross_entropy(pixel_rows(logits), labels, reduction="none", ignore_index=IGNORED)  # 0 where ignored
+    counts = kept.reshape(len(masks), -1).sum(1).float().clip(min=1)  # (an image of ignored pixels only: loss 0)
+    losses = losses.reshape(len(masks), -1).sum(1) / counts
+    pairs = (labels * num_classes + logits.argmax(1).flatten())[kept]
     confusion = pairs.bincount(minlength=num_classes * num_classes).reshape(num_classes, num_classes)
     return {"loss": losses.sum(), "confusion": confusion}, {}
 
 
 def pixel_rows(logits):
-    """[B, classes, S, S] scores as a row of class scores per pixel, [B * S * S, classes]: the layout in which
-    PyTorch's and Paddle's cross_entropy agree (Paddle's reads the class from the last dimension)."""
+    """[B, classes, S, S] scores as a row of class scores per pixel, [B * S * S, classes]: what cross_entropy
+    reads alike in every framework (a 4-D input's class axis is 1 in PyTorch's, the last in Paddle's)."""
     return logits.moveaxis(1, -1).reshape(-1, logits.shape[1])
 
 

@@ -109,6 +109,20 @@ def test_an_index_beyond_num_classes_names_the_mask_and_the_flag(tmp_path):
     assert "masks/000.png holds class index 3" in message and "--num-classes" in message
 
 
+def test_the_ignore_index_is_no_class_and_masks_of_nothing_but_0_and_it_are_one_line_saying_what_to_do(tmp_path):
+    root = write_dataset(tmp_path / "bordered", largest=2)
+    for mask_path in (root / "masks").glob("*.png"):
+        mask = np.array(Image.open(mask_path))
+        mask[0, :] = data.IGNORE_INDEX  # an object border, as VOC draws it
+        Image.fromarray(mask).save(mask_path)
+    binary = tmp_path / "binary"
+    for index in range(4):
+        write_pair(binary, f"{index:03d}", np.where(np.arange(64).reshape(8, 8) % (index + 2), 0, 255))
+
+    assert data.build_datasets(options(root))[2] == 3
+    assert "binary masks saved as 0 and 255? Save them as 0 and 1" in one_line_error(binary)
+
+
 def test_without_val_a_fraction_is_held_out_the_same_for_a_seed_and_another_for_another(tmp_path):
     root = write_dataset(tmp_path, count=20, val=False)
 
@@ -159,6 +173,28 @@ def test_miou_from_batches_summed_equals_a_count_over_every_pixel_of_the_classes
     log_probabilities = scores - np.log(np.exp(scores).sum(axis=1, keepdims=True))
     picked = np.take_along_axis(log_probabilities, masks[:, None], axis=1)
     assert results["loss"] == pytest.approx(-picked.mean(), rel=1e-5)
+
+
+def test_ignored_pixels_count_in_neither_the_loss_nor_the_metrics(tmp_path):
+    rng = np.random.default_rng(1)
+    masks = rng.integers(0, 3, (4, 6, 6))
+    masks[:, 0, :] = data.IGNORE_INDEX
+    masks[3] = data.IGNORE_INDEX  # an image with no pixel to learn from
+    scores = rng.normal(size=(4, 3, 6, 6)).astype(np.float32)
+    batch = (tensor(np.zeros((4, 1, 6, 6), np.float32)), tensor(masks))
+
+    sums, _ = task.validation_step(FixedScores(scores), batch)
+    loss = float(task.training_loss(FixedScores(scores), batch))
+
+    kept = masks != data.IGNORE_INDEX
+    log_probabilities = scores - np.log(np.exp(scores).sum(axis=1, keepdims=True))
+    picked = np.take_along_axis(log_probabilities, np.where(kept, masks, 0)[:, None], axis=1)[:, 0]
+    per_image = [-picked[image][kept[image]].mean() if kept[image].any() else 0.0 for image in range(4)]
+    confusion = np.zeros((3, 3), np.int64)
+    np.add.at(confusion, (masks[kept], scores.argmax(axis=1)[kept]), 1)
+    assert float(sums["loss"]) == pytest.approx(sum(per_image), rel=1e-5)
+    assert np.array_equal(np.asarray(sums["confusion"]), confusion)
+    assert loss == pytest.approx(-picked[kept].mean(), rel=1e-5)
 
 
 def test_a_checkpoints_description_reads_new_images_as_training_read_them(tmp_path):
