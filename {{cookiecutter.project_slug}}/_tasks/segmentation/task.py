@@ -58,7 +58,7 @@ def metrics(sums: dict, per_sample: dict, count: int) -> dict:
     return {
         "loss": sums["loss"] / count,
         "miou": float(np.mean(hits[present] / unions[present])),
-        "pixel_acc": hits.sum() / confusion.sum(),
+        "pixel_acc": float(hits.sum() / confusion.sum()),
     }
 
 
