@@ -81,7 +81,7 @@ PREDICT_OPTIONS = {
 IMAGE_SIZE = 32  # the default side images and masks are resized to (--image-size): the sample's own
 CHANNELS = 3  # the default --channels
 PREDICT_SAMPLE = "val/images"  # what of the sample data (under --data-dir) the notebook lets predict.py predict
-MAX_CLASSES = 255  # predicted masks are 8-bit PNGs, 255 being IGNORE_INDEX
+MAX_CLASSES = 256  # predicted masks are 8-bit PNGs
 # A mask value left out of the loss and the metrics (task.py), not a class; None: every value is a class.
 IGNORE_INDEX = 255
 # Modes whose pixels are class indices: grey, palette (a palette PNG's pixels are its indices), 1-bit, integer.
@@ -208,15 +208,20 @@ def count_classes(train: list[Pair], val: list[Pair], asked: int | None) -> int:
     for image, mask in [*train, *val]:
         indices = checked_mask(image, mask)
         classes = indices if IGNORE_INDEX is None else indices[indices != IGNORE_INDEX]
-        largest[mask], ignores = int(classes.max(initial=0)), ignores or classes.size < indices.size
+        largest[mask] = int(classes.max(initial=0))
+        ignores = ignores or classes.size < indices.size
     num_classes = asked or max(largest[mask] for _, mask in train) + 1
     if ignores and not any(largest.values()):  # (nothing but the background and ignored pixels)
         raise UserError(
             f"the masks hold 0 and {IGNORE_INDEX} only, and {IGNORE_INDEX} marks pixels left out (IGNORE_INDEX in "
             f"data.py): binary masks saved as 0 and 255? Save them as 0 and 1, or set IGNORE_INDEX = None"
         )
-    if num_classes > MAX_CLASSES:
-        raise UserError(f"{num_classes} classes: masks are 8-bit, at most {MAX_CLASSES} classes")
+    most = MAX_CLASSES if IGNORE_INDEX is None else min(MAX_CLASSES, IGNORE_INDEX)  # (each class below IGNORE_INDEX)
+    if num_classes > most:
+        raise UserError(
+            f"{num_classes} classes: masks are 8-bit and IGNORE_INDEX in data.py is {IGNORE_INDEX}: at most "
+            f"{most} classes"
+        )
     for _, mask in [*train, *val]:
         if largest[mask] >= num_classes:
             raise UserError(

@@ -271,9 +271,9 @@ def predict_csv(source: Path) -> Path:
 
 
 def build_predict_set(source: Path, description: dict) -> tuple[TextDataset, list[str]]:
-    """predict.py's inputs: the texts of the CSV file `source` (columns id, or Id or ID, and text; without id, the row number
-    from 0), read as training read its texts (the checkpoint's `description`), in the file's order; and their
-    ids."""
+    """predict.py's inputs: the texts of the CSV file `source` (columns id, or Id or ID, and text; without id, the
+    row number from 0), read as training read its texts (the checkpoint's `description`), in the file's order; and
+    their ids."""
     path = predict_csv(source)
     rows = read_rows(path, ("text",), skip_blank=False)  # an empty text is an input too: it gets its row
     keys = [(row["id"] or "").strip() if "id" in row else str(number) for number, (_, row) in enumerate(rows)]
