@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.project_slug }} import cli, settings, workspace
+from {{ cookiecutter.project_slug }} import cli, options, settings, workspace
+from {{ cookiecutter.project_slug }}.errors import PlatformError
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "SLURM_NTASKS")
 
@@ -86,13 +87,26 @@ def test_a_group_column_without_folds_is_one_line_rather_than_ignored(capsys):
 
 
 @pytest.mark.parametrize("name, says", [("nope.csv", "no file"), (".", "is a folder: name the file")])
-def test_a_sample_submission_that_is_not_a_file_is_one_line_before_anything_is_predicted(tmp_path, capsys, name, says):
+def test_an_option_of_type_file_that_is_no_file_is_one_line_before_anything_is_predicted(
+    tmp_path, capsys, monkeypatch, name, says
+):
+    reference = {"type": "file"}  # (what a task.py may declare for predict.py)
+    monkeypatch.setattr(options, "declared_in", lambda file, _: {"--reference": reference} if file == "task.py" else {})
+
     with pytest.raises(SystemExit) as stop:
-        cli.parse_predict_args(["--input", str(tmp_path), "--sample-submission", str(tmp_path / name)])
+        cli.parse_predict_args(["--input", str(tmp_path), "--reference", str(tmp_path / name)])
 
     assert stop.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith("error: argument --sample-submission: ") and says in line
+    assert line.startswith("error: argument --reference: ") and says in line
+
+
+def test_an_option_declared_with_code_rather_than_plain_values_is_one_line_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "data.py").write_text('OPTIONS = {\n    "--max-length": {"type": int, "default": 128},\n}\n')
+    monkeypatch.setattr(options, "__file__", str(tmp_path / "options.py"))  # (the package's data.py beside it)
+
+    with pytest.raises(PlatformError, match=r"^data.py: OPTIONS\['--max-length'\] must hold plain values.*\"int\""):
+        options.declared_in("data.py", "OPTIONS")
 
 
 def test_a_flag_run_py_does_not_know_is_one_line_naming_it_and_the_nearest_through_run_sh_too(project_root, tmp_path):

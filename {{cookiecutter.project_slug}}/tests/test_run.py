@@ -237,6 +237,18 @@ def test_evaluate_without_a_checkpoint_is_one_error_line_and_writes_nothing_in_t
     assert not mistyped.exists() or [path.name for path in mistyped.iterdir()] == ["launch-logs"]
 
 
+def test_a_mistake_at_the_top_of_task_py_is_its_line_and_one_error_line_naming_the_file(project_root, tmp_path):
+    project = copy_of_project(project_root, tmp_path / "project", task="\nLOSS = nn.MSELoss()  # (nn never imported)\n")
+
+    result = run(["bash", "run.sh", *training_args(tmp_path / "output", epochs=1)], project, 2, check=False)
+
+    said = result.stdout + result.stderr
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1
+    assert errors == ["error: importing task.py raised NameError: name 'nn' is not defined"], said
+    assert "    LOSS = nn.MSELoss()" in said and "Traceback" not in said
+
+
 def test_init_from_a_checkpoint_of_the_same_network_loads_every_tensor_and_a_resumed_run_ignores_it(
     synthetic_run, project_root, tmp_path
 ):

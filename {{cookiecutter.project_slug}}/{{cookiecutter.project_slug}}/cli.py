@@ -339,7 +339,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
         "the folder of a run of --folds (each fold's best): an ensemble, their outputs averaged",
     )
     parser.add_argument(
-        "--tta", action="store_true", help="average the outputs of task.py's test-time views too (images: flipped)"
+        "--tta", action="store_true", help="average the outputs over the views task.py's test_time_views() gives too"
     )
     parser.add_argument(
         "--input",

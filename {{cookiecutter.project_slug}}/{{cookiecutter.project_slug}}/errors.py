@@ -125,25 +125,32 @@ def user_frames(error: BaseException) -> tuple[str, str | None]:
     """(the frames of `error`'s traceback in the user's files, as Python prints them; the innermost of them as
     "function() in file.py", the function that went wrong), ("", None) where none of them is on the way. With
     FULL_TRACEBACK=1 in the environment, the frames are Python's whole traceback."""
-    package = Path(__file__).resolve().parent
-    ours = {str(package / name) for name in USER_FILES}
     walked = [(frame, line) for frame, line in traceback.walk_tb(error.__traceback__)]
-    mine = [(frame, line) for frame, line in walked if str(Path(frame.f_code.co_filename).resolve()) in ours]
+    mine = [(frame, line) for frame, line in walked if _is_user_file(frame.f_code.co_filename)]
     if not mine:
         return "", None
     # The innermost function that is not a comprehension's frame (Python before 3.12 gives them one).
     functions = [frame.f_code for frame, _ in mine if frame.f_code.co_name not in COMPREHENSIONS]
     code = (functions or [mine[-1][0].f_code])[-1]
     name = f"{getattr(code, 'co_qualname', code.co_name)}() in {Path(code.co_filename).name}"
+    if code.co_name == "<module>":  # the file's top level, run when it is imported
+        name = f"importing {Path(code.co_filename).name}"
     if os.environ.get("FULL_TRACEBACK"):  # FULL_TRACEBACK=1: every frame, the framework's too, as Python shows them
         return "".join(traceback.format_exception(type(error), error, error.__traceback__)), name
     return "".join(traceback.StackSummary.extract(iter(mine)).format()), name
+
+
+def _is_user_file(filename: str) -> bool:
+    return Path(filename).resolve() in {Path(__file__).resolve().parent / name for name in USER_FILES}
 
 
 def from_user_code(error: BaseException) -> UserError | None:
     """`error`, raised in the user's files or in what they called, as one line naming the function that went wrong,
     with the user's frames above it; None where it did not pass through them (a bug to show whole)."""
     frames, function = user_frames(error)
+    if isinstance(error, SyntaxError) and error.filename and _is_user_file(error.filename):
+        where = "".join(traceback.format_exception_only(type(error), error)[:-1])  # the line, marked
+        return UserError(f"importing {Path(error.filename).name} raised {first_line(error)}", frames=where)
     if function is None:
         return None
     return UserError(f"{function} raised {first_line(error)}", frames=frames)

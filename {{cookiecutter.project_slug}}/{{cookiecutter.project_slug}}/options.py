@@ -131,6 +131,13 @@ def declared_in(file: str, name: str) -> dict | None:
         raise PlatformError(f"{file} cannot be read for its options ({type(error).__name__}: {error})") from None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+            entries = zip(node.value.keys, node.value.values, strict=True) if isinstance(node.value, ast.Dict) else ()
+            for flag, keywords in entries:
+                if isinstance(flag, ast.Constant) and not _plain(keywords):  # (a type unquoted, mostly)
+                    raise PlatformError(
+                        f"{file}: {name}[{flag.value!r}] must hold plain values, as it is read from the file's text: "
+                        'quote a type ("type": "int")'
+                    )
             try:
                 options = ast.literal_eval(node.value)
             except ValueError:
@@ -142,6 +149,14 @@ def declared_in(file: str, name: str) -> dict | None:
                 )
             return options
     return None
+
+
+def _plain(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except ValueError:
+        return False
 
 
 # Configuration files: --config FILE, and the OUTPUT_DIR/config.yaml a run writes.

@@ -17,9 +17,6 @@ from functools import partial
 
 import numpy as np
 
-from . import data as data_file
-from . import model as model_file
-from . import task as task_file
 from .batches import structure
 from .errors import UserError, from_user_code, user_frames
 
@@ -37,7 +34,13 @@ class Task:
     """What this project learns, from its three files (model.py, data.py, task.py: the modules given, for tests);
     task.py's best metric and its direction checked at once."""
 
-    def __init__(self, model=model_file, data=data_file, task=task_file):
+    def __init__(self, model=None, data=None, task=None):
+        # Imported here, not with this module: a mistake at their top level is then the run's one error line too.
+        from . import data as data_file
+        from . import model as model_file
+        from . import task as task_file
+
+        model, data, task = model or model_file, data or data_file, task or task_file
         self.model, self.data, self.task = model, data, task
         self.best_metric, self.best_mode = getattr(task, "BEST_METRIC", None), getattr(task, "BEST_MODE", None)
         if not isinstance(self.best_metric, str) or not self.best_metric:
