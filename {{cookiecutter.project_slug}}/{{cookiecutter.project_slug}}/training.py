@@ -78,7 +78,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         lr = options.anew(args.lr, "lr", output_dir)  # (its last start's --lr again, from its config.yaml: kept)
         state = checkpoints.resume(how, args.init_from, lr, args.warmup_epochs)
         if changed := seam.changed_description(checkpoints.loaded_data, data):  # (the data a run resumes on)
-            log.warning("the data differs from the checkpoint's in %s: the resumed model's classes or inputs may mean "
+            log.warning("the data differs from the checkpoint's in %s: the resumed model's outputs or inputs may mean "
                         "other things now (--resume none trains afresh)", ", ".join(changed))  # fmt: skip
         resumed_at = state.epochs_done
         if args.evaluate:  # a checkpoint's metrics on the validation set, by this job's processes; nothing trained
