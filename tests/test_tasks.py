@@ -97,6 +97,8 @@ def test_the_last_checkpoint_evaluated_by_1_or_3_processes_gives_the_metrics_of_
         assert result.returncode == 0, result.stderr[-3000:]
         evaluated = json.loads((output / "eval.json").read_text(encoding="utf-8"))
         assert f"eval: val_loss {evaluated['val_loss']:.4f}" in result.stdout
+        assert "resumed from" not in result.stdout + result.stderr  # (nor a world size that changed: none trains)
+        assert "world size changed" not in result.stdout + result.stderr
         assert evaluated["val_samples"] == epoch_3["val_samples"] == TASKS[answers["task"]]["val"]
         for name, value in evaluated.items():
             if name.startswith("val_"):

@@ -18,8 +18,7 @@ from .preemption import EpochProgress
 
 log = logging.getLogger(__name__)
 
-# The best checkpoint of this template's first versions, before task.py said what picks it (their checkpoints hold
-# best_acc, and no metric's name): the sample's accuracy, higher is better.
+# The best of the first versions' checkpoints (best_acc, before task.py named a metric): the accuracy, the higher.
 FIRST_BEST = ("acc", "max")
 
 
@@ -169,6 +168,7 @@ class CheckpointerBase:
         self.loaded_data: dict | None = None  # and the data description it kept
         self.every_steps: int | None = None  # --save-every-steps
         self.keep_best: int | None = None  # --keep-best
+        self.evaluating = False  # --evaluate: the checkpoint read is evaluated, not resumed (nor said to be)
         self.in_background = False  # save_in_background()
         self.ema = None  # the framework's engine.Ema (--ema)
 
@@ -369,7 +369,7 @@ class CheckpointerBase:
             where = f"{path} (epoch {saved['epoch']})"
         if roll_call.job_id():  # a restart of an elastic job, in one line
             log.info(roll_call.restart_line(saved_world, self.env.world_size, self.env.local_world_size, where))
-        else:
+        elif not self.evaluating:
             if saved_world != self.env.world_size:
                 log.warning("world size changed from %d to %d: random streams start afresh", saved_world,
                             self.env.world_size)  # fmt: skip

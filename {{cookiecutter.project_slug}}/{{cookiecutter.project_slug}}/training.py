@@ -71,6 +71,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
             output_dir / "checkpoints", env, model, trained.optimizer, trained.schedule, trained.scaler, data, best
         )
         checkpoints.every_steps, checkpoints.keep_best = args.save_every_steps, args.keep_best
+        checkpoints.evaluating = args.evaluate
         checkpoints.save_in_background(args.save_async)
         checkpoints.ema = ema = engine.Ema(model, args.ema)  # started by resume() under --ema, or the checkpoint's
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
