@@ -17,8 +17,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import copy_of_project
 
-from {{ cookiecutter.project_slug }} import cli, inference, loaders, notebook, output_folder, settings, workspace
+from {{ cookiecutter.project_slug }} import cli, inference, loaders, notebook, output_folder, settings, task, workspace
 from {{ cookiecutter.project_slug }}.data import PREDICT_SAMPLE, build_datasets, build_predict_set
 from {{ cookiecutter.project_slug }}.errors import UserError
 
@@ -52,6 +53,12 @@ def fail_on_rank_1(args):
 
 def exit_stopped(args):
     sys.exit(143)
+
+
+def metrics_of_no_sums(args):
+    from {{ cookiecutter.project_slug }} import task
+
+    task.metrics({}, {}, 1)  # (a KeyError, raised in task.py)
 
 
 def wait_for_the_stop(args):
@@ -250,6 +257,50 @@ def test_train_here_trains_in_this_process_and_leaves_it_as_it_was(trained_here)
 def test_train_here_raises_a_user_error_instead_of_exiting(tmp_path):
     with pytest.raises(UserError, match="not found"):
         notebook.train_here(["--no-synthetic", "--data-dir", str(tmp_path / "missing"), *cpu_args(tmp_path)])
+
+
+def test_a_mistake_in_the_users_files_comes_back_as_their_frames_and_one_line_from_this_process_and_the_ranks(
+    tmp_path,
+):
+    with pytest.raises(UserError) as here:
+        notebook.train_here(cpu_args(tmp_path / "here"), train=notebook_function("metrics_of_no_sums"))
+    with pytest.raises(notebook.RankFailed) as ranks:
+        notebook.launch(cpu_args(tmp_path / "ranks"), nproc=2, train=notebook_function("metrics_of_no_sums"))
+
+    for said in (str(here.value), str(ranks.value)):
+        *frames, line = said.splitlines()
+        assert line.startswith("metrics() in task.py raised KeyError: "), said
+        assert frames[0].strip().startswith("File ") and "task.py" in frames[0], said
+        assert all("notebook" not in frame and "training.py" not in frame for frame in frames), said
+
+
+CHANGED_TASK = """
+import time
+from pathlib import Path
+
+from {{ cookiecutter.project_slug }} import seam
+
+task_py = Path("{{ cookiecutter.project_slug }}/task.py")
+first = task_py.read_text(encoding="utf-8")
+print("first", seam.Task().best_metric)
+for added in ("BEST_METRIC = 'changed'", "LOSS = nn.MSELoss()", ""):  # a new value, a mistake, then none
+    time.sleep(0.1)  # (an edit a moment later: another modification time)
+    task_py.write_text(first + "\\n" + added + "\\n", encoding="utf-8")
+    try:
+        print("then", seam.Task().best_metric)
+    except NameError as error:
+        print("then", error)
+"""
+
+
+def test_a_change_to_task_py_after_the_kernel_imported_it_is_what_the_next_task_reads(project_root, tmp_path):
+    project = copy_of_project(project_root, tmp_path / "project")
+
+    result = subprocess.run([sys.executable, "-c", CHANGED_TASK], cwd=project, capture_output=True, text=True)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, again = f"first {task.BEST_METRIC}", f"then {task.BEST_METRIC}"
+    assert result.stdout.splitlines() == [first, "then changed", "then name 'nn' is not defined", again]
 
 
 def test_the_best_checkpoint_predicts_one_row_for_each_input_of_a_batch(trained_here, data_args):

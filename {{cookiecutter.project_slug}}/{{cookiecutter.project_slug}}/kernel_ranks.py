@@ -39,7 +39,8 @@ class RankTraceback(Exception):
 
 
 def call_reporting_exits(train, args) -> tuple[str, str]:
-    """Call train(args): ("ok", ""), ("error", UserError's line) or ("stopped", why); other exceptions propagate.
+    """Call train(args): ("ok", ""), ("error", UserError's line) or ("stopped", why); an error raised in the user's
+    files is ("error", their frames and its line), as run.sh shows it; other exceptions propagate.
 
     The project's train() turns a UserError into a line on stderr and sys.exit(1)
     (errors.explain_user_errors): that wrapper is skipped, so the message itself comes back.
@@ -55,6 +56,11 @@ def call_reporting_exits(train, args) -> tuple[str, str]:
         if exit_.code == STOPPED_STATUS:
             return "stopped", "stopped by SIGTERM: launch() again with the same --output-dir continues the run"
         return "error", f"sys.exit({exit_.code!r})"
+    except Exception as error:
+        explained = errors.from_user_code(error)
+        if explained is None:
+            raise
+        return "error", f"{explained.frames}{explained}"
     return "ok", ""
 
 

@@ -9,9 +9,11 @@ dataset order, padded with -100 where batches differ in shape).
 """
 
 import contextlib
+import importlib
 import inspect
 import json
 import math
+import os
 from collections.abc import Mapping
 from functools import partial
 
@@ -30,6 +32,21 @@ PAD = -100  # HF's: a task that pads its own batches with it reads the gathered 
 _KINDS = {bool: ((bool,), "True or False"), int: ((int,), "a whole number"), float: ((int, float), "a number")}
 
 
+# The three files' modification times when they were last imported.
+_IMPORTED: dict[str, int] = {}
+
+
+def as_on_disk(*modules) -> tuple:
+    """`modules`, imported again, in that order, where any of their files changed since they were: a notebook's
+    kernel keeps a module as it first imported it, and the notebook asks for changes to the three files."""
+    stamps = {module.__name__: os.stat(module.__file__).st_mtime_ns for module in modules}
+    changed = [name for name, stamp in stamps.items() if _IMPORTED.setdefault(name, stamp) != stamp]
+    if changed:
+        modules = tuple(importlib.reload(module) for module in modules)
+        _IMPORTED.update(stamps)
+    return modules
+
+
 class Task:
     """What this project learns, from its three files (model.py, data.py, task.py: the modules given, for tests);
     task.py's best metric and its direction checked at once."""
@@ -40,6 +57,7 @@ class Task:
         from . import model as model_file
         from . import task as task_file
 
+        data_file, model_file, task_file = as_on_disk(data_file, model_file, task_file)
         model, data, task = model or model_file, data or data_file, task or task_file
         self.model, self.data, self.task = model, data, task
         self.best_metric, self.best_mode = getattr(task, "BEST_METRIC", None), getattr(task, "BEST_MODE", None)
