@@ -118,6 +118,7 @@ class UserError(Exception):
 
 # The files a user owns; the frames of an error that passed through them are shown, no others.
 USER_FILES = ("model.py", "data.py", "task.py")
+USER_PATHS = {Path(__file__).resolve().parent / name for name in USER_FILES}
 COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
@@ -141,16 +142,16 @@ def user_frames(error: BaseException) -> tuple[str, str | None]:
 
 
 def _is_user_file(filename: str) -> bool:
-    return Path(filename).resolve() in {Path(__file__).resolve().parent / name for name in USER_FILES}
+    return Path(filename).resolve() in USER_PATHS
 
 
 def from_user_code(error: BaseException) -> UserError | None:
     """`error`, raised in the user's files or in what they called, as one line naming the function that went wrong,
     with the user's frames above it; None where it did not pass through them (a bug to show whole)."""
-    frames, function = user_frames(error)
     if isinstance(error, SyntaxError) and error.filename and _is_user_file(error.filename):
         where = "".join(traceback.format_exception_only(type(error), error)[:-1])  # the line, marked
         return UserError(f"importing {Path(error.filename).name} raised {first_line(error)}", frames=where)
+    frames, function = user_frames(error)
     if function is None:
         return None
     return UserError(f"{function} raised {first_line(error)}", frames=frames)

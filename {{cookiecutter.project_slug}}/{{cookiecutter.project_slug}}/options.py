@@ -131,17 +131,15 @@ def declared_in(file: str, name: str) -> dict | None:
         raise PlatformError(f"{file} cannot be read for its options ({type(error).__name__}: {error})") from None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
-            entries = zip(node.value.keys, node.value.values, strict=True) if isinstance(node.value, ast.Dict) else ()
-            for flag, keywords in entries:
-                if isinstance(flag, ast.Constant) and not _plain(keywords):  # (a type unquoted, mostly)
-                    raise PlatformError(
-                        f"{file}: {name}[{flag.value!r}] must hold plain values, as it is read from the file's text: "
-                        'quote a type ("type": "int")'
-                    )
             try:
                 options = ast.literal_eval(node.value)
             except ValueError:
-                options = None
+                options, flag = None, _entry_with_code(node.value)
+                if flag is not None:  # (a type unquoted, mostly)
+                    raise PlatformError(
+                        f"{file}: {name}[{flag!r}] must hold plain values, as it is read from the file's text: "
+                        'quote a type ("type": "int")'
+                    ) from None
             if not isinstance(options, dict) or not all(isinstance(value, dict) for value in options.values()):
                 raise PlatformError(
                     f"{file}: {name} must be a dict of plain values, flag: add_argument()'s keywords "
@@ -151,12 +149,15 @@ def declared_in(file: str, name: str) -> dict | None:
     return None
 
 
-def _plain(node: ast.expr) -> bool:
-    try:
-        ast.literal_eval(node)
-        return True
-    except ValueError:
-        return False
+def _entry_with_code(node: ast.expr) -> str | None:
+    """The flag of the first entry of the dict `node` whose keywords are not plain values; None where there is none."""
+    for flag, keywords in zip(getattr(node, "keys", ()), getattr(node, "values", ()), strict=True):
+        try:
+            ast.literal_eval(keywords)
+        except ValueError:
+            if isinstance(flag, ast.Constant):
+                return flag.value
+    return None
 
 
 # Configuration files: --config FILE, and the OUTPUT_DIR/config.yaml a run writes.

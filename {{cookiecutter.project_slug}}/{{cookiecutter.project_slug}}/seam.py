@@ -40,10 +40,9 @@ def as_on_disk(*modules) -> tuple:
     """`modules`, imported again, in that order, where any of their files changed since they were: a notebook's
     kernel keeps a module as it first imported it, and the notebook asks for changes to the three files."""
     stamps = {module.__name__: os.stat(module.__file__).st_mtime_ns for module in modules}
-    changed = [name for name, stamp in stamps.items() if _IMPORTED.setdefault(name, stamp) != stamp]
-    if changed:
+    if any(_IMPORTED.get(name, stamp) != stamp for name, stamp in stamps.items()):
         modules = tuple(importlib.reload(module) for module in modules)
-        _IMPORTED.update(stamps)
+    _IMPORTED.update(stamps)  # (not where a reload failed: the next Task() tries again)
     return modules
 
 
