@@ -96,6 +96,25 @@ def test_in_a_kernel_without_ipywidgets_the_training_cell_trains_with_a_text_bar
     assert "epoch 1:" in bar and "it/s]" in bar
 
 
+def test_in_a_kernel_a_bad_argument_or_a_rank_that_fails_shows_one_error_line_not_a_traceback(bake):
+    project = bake(framework="pytorch", launcher="spawn")
+    mistakes = [
+        'notebook.train_here(["--epochs", "0"])',
+        'notebook.launch(["--no-synthetic", "--data-dir", "missing", "--device", "cpu"], nproc=2)',
+    ]
+    cells = ["from dist_train import notebook", *mistakes]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    kernel_env = {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=300, allow_errors=True, resources={"metadata": {"path": str(project)}}
+    ).execute(env=kernel_env)
+
+    shown = [[o["traceback"] for o in outputs(cell) if o["output_type"] == "error"] for cell in notebook.cells[1:]]
+    assert shown[0] == [["error: argument --epochs: must be at least 1, got 0 (run.py --help lists the flags)"]]
+    [[line]] = shown[1]
+    assert line.startswith("error: ") and "missing" in line, line
+
+
 @pytest.mark.parametrize("answers", OTHER_CASES, ids=lambda a: "-".join(a.values()))
 def test_launch_trains_run_py_on_two_ranks_in_every_other_variant(bake, answers):
     project = bake(**answers)

@@ -148,6 +148,8 @@ def test_a_failing_rank_raises_one_exception_with_its_error_and_the_others_are_s
     assert str(failure.value) == "ValueError: rank 1 cannot go on"
     assert failure.value.rank == 1
     assert "fail_on_rank_1" in str(failure.value.__cause__)  # the failing rank's traceback, and only its
+    shown = failure.value._render_traceback_()  # what a notebook shows of it: that traceback
+    assert shown[0] == "rank 1:" and shown[-1] == "ValueError: rank 1 cannot go on", shown
     assert time.monotonic() - started < 30  # rank 0 did not sleep its 120 s
     assert children() == before
 
@@ -164,6 +166,7 @@ def test_a_user_error_in_the_ranks_comes_back_as_its_one_line(tmp_path):
     assert str(failure.value) == str(in_this_process.value) and str(missing) in str(failure.value)
     assert "\n" not in str(failure.value)
     assert failure.value.__cause__ is None
+    assert failure.value._render_traceback_() == [f"error: {failure.value}"]  # a notebook shows its one line
 
 
 def test_a_rank_that_stops_with_status_143_is_reported_as_stopped(tmp_path):
@@ -267,11 +270,11 @@ def test_a_mistake_in_the_users_files_comes_back_as_their_frames_and_one_line_fr
     with pytest.raises(notebook.RankFailed) as ranks:
         notebook.launch(cpu_args(tmp_path / "ranks"), nproc=2, train=notebook_function("metrics_of_no_sums"))
 
-    for said in (str(here.value), str(ranks.value)):
-        *frames, line = said.splitlines()
-        assert line.startswith("metrics() in task.py raised KeyError: "), said
-        assert frames[0].strip().startswith("File ") and "task.py" in frames[0], said
-        assert all("notebook" not in frame and "training.py" not in frame for frame in frames), said
+    for error in (here.value, ranks.value):
+        *frames, line = shown = error._render_traceback_()  # what a notebook shows of it, as IPython asks
+        assert line.startswith("error: metrics() in task.py raised KeyError: "), shown
+        assert frames[0].strip().startswith("File ") and "task.py" in frames[0], shown
+        assert all("notebook" not in frame and "training.py" not in frame for frame in frames), shown
 
 
 CHANGED_TASK = """

@@ -115,6 +115,10 @@ class UserError(Exception):
         super().__init__(message)
         self.shown, self.frames = shown, frames
 
+    def _render_traceback_(self) -> list[str]:
+        """What a notebook shows of it (IPython asks for this): the lines run.sh prints, not the kernel's frames."""
+        return f"{self.frames}error: {self}".splitlines()
+
 
 # The files a user owns; the frames of an error that passed through them are shown, no others.
 USER_FILES = ("model.py", "data.py", "task.py")

@@ -33,6 +33,19 @@ class RankFailed(RuntimeError):
         super().__init__(message)
         self.rank = rank
 
+    def _render_traceback_(self) -> list[str]:
+        """What a notebook shows of it (IPython asks for this): the rank's traceback where it crashed, else its error
+        as run.sh prints it; not the kernel's frames into launch()."""
+        if self.__cause__ is not None:
+            return str(self.__cause__).splitlines()
+        return reported_error(str(self))._render_traceback_()
+
+
+def reported_error(text: str) -> UserError:
+    """call_reporting_exits()'s text of an error (the user's frames, if any, then its line) as a UserError."""
+    *frames, line = text.splitlines()
+    return UserError(line, frames="".join(f"{frame}\n" for frame in frames))
+
 
 class RankTraceback(Exception):
     """The failing rank's traceback, shown as the cause of RankFailed."""

@@ -38,6 +38,7 @@ from .kernel_ranks import (
     close_package_logger,
     environment,
     free_port,
+    reported_error,
 )
 from .workspace import PROJECT_ROOT
 
@@ -93,7 +94,7 @@ def train_here(argv: list[str] | str, train=None, config: str | Path | None = No
         signal.signal(signal.SIGTERM, previous_handler)
         close_package_logger()
     if status == "error":
-        raise UserError(message)
+        raise reported_error(message)
     if status == "stopped":
         raise KeyboardInterrupt(message)
 
