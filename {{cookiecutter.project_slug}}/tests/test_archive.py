@@ -320,6 +320,20 @@ def test_tar_gz_archive_is_extracted_like_a_zip(tmp_path):
     assert extract(source, target) is False
 
 
+def test_a_tar_made_inside_the_data_folder_with_dot_entries_is_extracted(tmp_path):
+    unpacked = tmp_path / "unpacked"
+    for name, content in LAYOUT.items():
+        (unpacked / name).parent.mkdir(parents=True, exist_ok=True)
+        (unpacked / name).write_bytes(content)
+    source = tmp_path / "data.tar.gz"
+    with tarfile.open(source, "w:gz") as tf:  # as `tar czf data.tar.gz -C unpacked .` makes it: ./, ./train/, ...
+        tf.add(unpacked, arcname=".")
+    target = tmp_path / "data"
+
+    assert extract(source, target) is True
+    assert_extracted_cleanly(target)
+
+
 RACE_LAYOUT = {f"train/c{i % 4}/{i:04d}.png": bytes([i % 256]) * 512 for i in range(400)}
 
 

@@ -143,17 +143,16 @@ def test_a_resumed_run_with_changed_options_says_which(tmp_path, caplog):
     assert yaml.safe_load((tmp_path / options.CONFIG).read_text(encoding="utf-8"))["epochs"] == 4
 
 
-def test_a_resume_not_given_its_rate_again_records_the_rate_it_keeps_and_its_own_rate_again_is_no_change(tmp_path):
-    first = cli.parse_args(["--epochs", "2", "--lr", "0.1", "--warmup-epochs", "1", "--output-dir", str(tmp_path)])
+def test_a_resume_not_given_its_warmup_again_records_the_warmup_it_keeps(tmp_path):
+    first = cli.parse_args(["--epochs", "2", "--warmup-epochs", "1", "--output-dir", str(tmp_path)])
     options.record(options.of_run(first), tmp_path, is_main=True, resumed=False)
     later = cli.parse_args(["--epochs", "4", "--output-dir", str(tmp_path)])
 
     changed = options.record(options.of_run(later), tmp_path, is_main=True, resumed=True)
 
-    assert changed == {"epochs": (2, 4)}  # not "lr 0.1 -> (default)": the resumed run trains on at 0.1
+    assert changed == {"epochs": (2, 4)}  # not "warmup-epochs 1 -> (default)": the resumed run warms up as before
     written = yaml.safe_load((tmp_path / options.CONFIG).read_text(encoding="utf-8"))
-    assert (written["lr"], written["warmup-epochs"]) == (0.1, 1)  # what --config repeats
-    assert options.anew(0.1, "lr", tmp_path) is None and options.anew(0.2, "lr", tmp_path) == 0.2
+    assert written["warmup-epochs"] == 1  # what --config repeats
 
 
 def test_a_resumed_run_that_trains_nothing_leaves_config_yaml_as_the_run_that_trained(tmp_path):

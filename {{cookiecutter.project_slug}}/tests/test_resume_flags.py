@@ -15,12 +15,16 @@ from {{ cookiecutter.project_slug }}.model import build_optimizer
 pytestmark = pytest.mark.slow
 
 
-def run_py(project_root, output, *args: str) -> str:
+def started(project_root, output, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "run.py", "--device", "cpu", "--output-dir", str(output), *args]
     if settings.DATASET == "zip":
         command += ["--dataset-zip", str(workspace.SAMPLE_ARCHIVE), "--data-dir", str(output.parent / "data")]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NPROC_PER_NODE")}
-    result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def run_py(project_root, output, *args: str) -> str:
+    result = started(project_root, output, *args)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result.stdout
 
@@ -82,6 +86,22 @@ def test_a_rate_given_on_resume_applies_from_there_on_and_the_log_says_so(projec
     assert rates(output)[2] == round(optimizer_rate(output, 0.001), 6)  # the given rate, as a run started at it has
     assert 0 < rates(output)[3] < rates(output)[2]  # and the schedule goes on from it
     assert "--lr 0.001: the resumed run trains at it from epoch 3 on" in log
+
+
+def test_a_rate_given_again_after_a_start_that_saved_nothing_is_still_the_new_rate(project_root, tmp_path):
+    output = tmp_path / "output"
+    run_py(project_root, output, "--epochs", "1")
+    checkpoint = inference.checkpoint_path(output, "last").read_bytes()
+
+    # A rate too large for the network: the loss diverges before the epoch ends, so nothing is saved, twice.
+    for _ in range(2):
+        diverged = started(project_root, output, "--epochs", "2", "--lr", "1e30", "--log-every", "1")
+        assert diverged.returncode == 1, diverged.stdout[-2000:] + diverged.stderr[-2000:]
+        assert "--lr 1e+30: the resumed run trains at it from epoch 2 on" in diverged.stdout, diverged.stdout[-2000:]
+        assert "became NaN or infinite" in diverged.stderr
+    assert inference.checkpoint_path(output, "last").read_bytes() == checkpoint
+    run_py(project_root, output, "--epochs", "2")  # at the checkpoint's rate, and config.yaml says so, not 1e30's
+    assert "lr: null" in (output / "config.yaml").read_text()
 
 
 def test_a_warmup_rises_from_zero_a_resume_keeps_it_and_a_new_one_given_wins(project_root, tmp_path):

@@ -219,7 +219,7 @@ def _check_entry(archive: Path, name: str, is_link: bool) -> None:
         raise UserError(
             f"dataset archive {archive} holds a link entry {name!r}; links are refused, repack it without them"
         )
-    if path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
+    if path.is_absolute() or ".." in path.parts or ":" in "".join(path.parts[:1]):  # ("./" has no parts)
         raise UserError(
             f"dataset archive {archive} holds an entry {name!r} that would land outside --data-dir; refused"
         )

@@ -166,8 +166,9 @@ CONFIG = "config.yaml"
 NOT_RECORDED = {"config", "check", "evaluate", "resume", "local_rank", "data_url", "train_url", "init_method", "rank"}
 NOT_RECORDED |= {"world_size", "help"}
 RESUME_WORDS = ("auto", "none")  # --resume's values that are no path
-# What a resumed run keeps from its checkpoint unless given again (cli.py's helps): its config.yaml keeps them too.
-KEPT_ON_RESUME = ("lr", "warmup-epochs", "ema", "global-batch-size")
+# What a resumed run keeps from its checkpoint unless given again (cli.py's helps): its config.yaml keeps them too
+# (its --lr: training.py records the one the checkpoint says its rate comes from).
+KEPT_ON_RESUME = ("warmup-epochs", "ema", "global-batch-size")
 
 
 def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
@@ -382,12 +383,6 @@ def last_start(output_dir: str | Path) -> dict:
         return yaml.safe_load((Path(output_dir) / CONFIG).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         return {}
-
-
-def anew(value, name: str, output_dir: str | Path):
-    """`value` of option `name`, or None where the run's last start gave the same: for a resumed run the option
-    is then not given again (--config OUTPUT_DIR/config.yaml repeats its --lr, which must not restart the rate)."""
-    return None if value is not None and last_start(output_dir).get(name) == value else value
 
 
 def _shown(value) -> str:

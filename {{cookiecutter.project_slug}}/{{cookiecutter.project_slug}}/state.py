@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import distributed, output_folder, roll_call
+from . import distributed, options, output_folder, roll_call
 from .errors import UserError, bytes_of, disk_full, no_space_line
 from .preemption import EpochProgress
 
@@ -60,8 +60,7 @@ class TrainingState:
     global_batch_size: int | None = None  # --global-batch-size of the run: kept by a resume on another world size
     grad_accum: int = 1  # the accumulation steps the run trains with
     amp_dtype: str | None = None  # its mixed precision: "bf16", "fp16", or None (full)
-    # The learning rate its schedule decays from (not compared: two states at the same point are equal whatever
-    # rate build_optimizer() gave them).
+    # The rate its schedule decays from (not compared: states at one point are equal whatever rate they were given).
     base_lr: float | None = field(default=None, compare=False)
     # task.BEST_METRIC (without val_) and BEST_MODE, "max" or "min"; by default the loss, which every metrics() has.
     best_metric: str = "loss"
@@ -72,6 +71,7 @@ class TrainingState:
     warmup_epochs: float = 0.0
     stale_epochs: int = 0  # epochs in a row whose best metric did not improve by more than --min-delta
     ema_decay: float | None = None  # --ema's (None: the weights are not averaged)
+    given_lr: float | None = field(default=None, compare=False)  # the --lr that rate comes from (None: the default)
 
     def switch_precision(self, amp_dtype: str | None) -> None:
         """Train on in `amp_dtype`: what this device needs, which may differ from the resumed run's (said once)."""
@@ -206,10 +206,7 @@ class CheckpointerBase:
         self._save(self.state, is_best, kept if among_best else None)
 
     def save_stopped(self, stopped) -> None:
-        """Save how far a stopped epoch got (a preemption.Stopped); on every rank.
-
-        A stop at an epoch's end has nothing new to save: that epoch is saved already.
-        """
+        """Save how far a stopped epoch got (a preemption.Stopped), on every rank; at an epoch's end it is saved."""
         if stopped.progress.step:
             self.save_progress(stopped.progress)
 
@@ -247,12 +244,14 @@ class CheckpointerBase:
         self._place_schedule(loaded is not None, warmup_epochs)
         if loaded is not None and self.state.base_lr is not None:
             self._set_base_lr(self.state.base_lr)  # the run's own, not build_optimizer()'s default
-        if loaded is not None and lr is not None:
+        # A --lr given again is the run's own: as its checkpoint records (1.3.10's: as its config.yaml, a start's).
+        before = loaded[1].get("given_lr", options.last_start(self.directory.parent).get("lr")) if loaded else lr
+        if loaded is not None and lr not in (None, before):
             factor = self.schedule.factor()
             log.info("--lr %g: the resumed run trains at it from epoch %d on (the optimizer's rate %g, was %g), the "
                      "schedule going on from it", lr, self.state.epochs_done + 1, built, self._base_lr() * factor)  # fmt: skip
             self._set_base_lr(built / factor if factor > 0 else built)
-        self.state.base_lr = self._base_lr()
+        self.state.base_lr, self.state.given_lr = self._base_lr(), before if lr is None else lr
         self._reapply_schedule()
         return self.state
 
@@ -317,6 +316,7 @@ class CheckpointerBase:
                 "grad_accum": state.grad_accum,
                 "amp_dtype": state.amp_dtype,
                 "base_lr": state.base_lr,
+                "given_lr": state.given_lr,
                 "position": self.schedule.position,
                 "warmup_epochs": state.warmup_epochs,
                 "stale_epochs": state.stale_epochs,

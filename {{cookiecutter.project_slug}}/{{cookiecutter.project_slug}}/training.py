@@ -76,8 +76,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         checkpoints.ema = ema = engine.Ema(model, args.ema)  # started by resume() under --ema, or the checkpoint's
         # --evaluate --init-from PATH: those weights, whatever the folder holds.
         how = "none" if args.evaluate and args.init_from else args.resume
-        lr = options.anew(args.lr, "lr", output_dir)  # (its last start's --lr again, from its config.yaml: kept)
-        state = checkpoints.resume(how, args.init_from, lr, args.warmup_epochs)
+        state = checkpoints.resume(how, args.init_from, args.lr, args.warmup_epochs)
         if changed := seam.changed_description(checkpoints.loaded_data, data):  # (the data a run resumes on)
             log.warning("the data differs from the checkpoint's in %s: the resumed model's outputs or inputs may mean "
                         "other things now (--resume none trains afresh)", ", ".join(changed))  # fmt: skip
@@ -100,7 +99,8 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
             world_size=env.world_size, global_batch_size=global_batch,
         )  # fmt: skip
         # OUTPUT_DIR/config.yaml: the options, read back by --config to repeat the run; and the tracker's run.
-        given, resumed = options.of_run(args), checkpoints.loaded is not None
+        # (--lr: the one the run's rate comes from, the checkpoint's where not given; a start that saved nothing aside)
+        given, resumed = {**options.of_run(args), "lr": state.given_lr}, checkpoints.loaded is not None
         trains = state.epochs_done < args.epochs
         changed = options.record(given, output_dir, env.is_main, resumed, trains)  # (a resumed run's are said)
         tracker = trackers.open_tracker(
