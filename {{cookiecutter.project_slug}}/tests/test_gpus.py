@@ -10,7 +10,7 @@ import pytest
 from conftest import copy_of_project
 
 from {{ cookiecutter.project_slug }} import distributed, framework_probe, hardware, notebook, platforms
-from {{ cookiecutter.project_slug }}.errors import PlatformError, UserError
+from {{ cookiecutter.project_slug }}.errors import UserError, gpu_shortage
 from {{ cookiecutter.project_slug }}.settings import FRAMEWORK
 
 # Imported first by every Python process started with this folder on PYTHONPATH: the framework then counts
@@ -113,14 +113,13 @@ def test_run_sh_runs_where_only_python3_is_on_the_path(project_root, tmp_path):
 
 
 @pytest.mark.parametrize("nproc, count, device", [(2, 1, "auto"), (3, 2, "gpu"), (9, 8, "auto")])
-def test_the_platform_step_refuses_more_processes_than_gpus(nproc, count, device):
-    with pytest.raises(PlatformError, match=f"{nproc} processes on this machine, but it has {count} visible"):
-        platforms.check_gpus(nproc, count, device)
+def test_more_processes_than_visible_gpus_are_one_line_saying_so(nproc, count, device):
+    assert f"{nproc} processes on this machine, but it has {count} visible" in gpu_shortage(nproc, count, device)
 
 
 @pytest.mark.parametrize("nproc, count, device", [(2, 0, "auto"), (2, 1, "cpu"), (8, 8, "auto"), (1, 1, "gpu")])
-def test_the_platform_step_allows_one_gpu_each_or_no_gpu(nproc, count, device):
-    platforms.check_gpus(nproc, count, device)
+def test_one_gpu_a_process_or_no_gpu_at_all_is_no_shortage(nproc, count, device):
+    assert gpu_shortage(nproc, count, device) is None
 
 
 def test_a_machine_without_an_nvidia_driver_counts_no_gpu_without_asking_the_framework(monkeypatch):

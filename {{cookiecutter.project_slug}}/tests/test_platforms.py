@@ -106,6 +106,15 @@ def test_a_paddlejob_pod_finds_its_index_in_its_name_or_leaves_it_to_paddles_mas
         decide(unnamed, master_numbers_machines=False)
 
 
+def test_a_paddle_master_job_with_the_trainers_list_finds_its_index_in_it():
+    ai_studio = {"PADDLE_MASTER": "10.0.0.1:6170", "PADDLE_NNODES": "2", **PADDLE_ENDPOINTS}
+
+    assert decide(ai_studio).node_rank == 1  # PADDLE_CURRENT_ENDPOINT's host is the second machine
+    one_trainer_each = {**ai_studio, "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:6170,10.0.0.2:6170"}
+    by_id = {**one_trainer_each, "PADDLE_CURRENT_ENDPOINT": "", "PADDLE_TRAINER_ID": "1", "PADDLE_TRAINERS_NUM": "2"}
+    assert decide(by_id).node_rank == 1  # one trainer a machine: its trainer id
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
@@ -207,6 +216,13 @@ def test_a_host_name_that_never_resolves_ends_in_one_line():
 
     with pytest.raises(PlatformError, match="'nowhere.invalid' did not resolve within JOIN_TIMEOUT=0 s"):
         hardware.resolve("nowhere.invalid", 0, lookup=lookup, sleep=lambda s: None)
+
+
+def test_on_one_machine_the_found_line_says_its_launcher_picks_a_free_port_whatever_master_port_says():
+    found = decide({"MASTER_PORT": "29556"})
+
+    assert found.master_port is None
+    assert "master 127.0.0.1, a free port;" in platforms.describe(found, "127.0.0.1", "/out")
 
 
 def test_the_found_line_names_platform_machine_processes_and_master():

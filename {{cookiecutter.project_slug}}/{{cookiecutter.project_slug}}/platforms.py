@@ -149,32 +149,39 @@ def from_paddle(env: Mapping[str, str]) -> Layout | None:
         name = "Kubeflow PaddleJob" if "PADDLE_JOB_ID" in env else "PaddlePaddle platform (PADDLE_MASTER)"
         layout = Layout(name, 0, paddlejob_machine_index(env), host, port)
         return ranged(layout, "PADDLE_NNODES", env.get("PADDLE_NNODES", "1"))
-    family = env.get("PADDLE_TRAINERS") or env.get("PADDLE_TRAINER_ENDPOINTS")
-    if not family:
+    hosts = trainer_hosts(env)
+    if not hosts:
         return None
-    # PaddleCloud / AI Studio: machines are the distinct hosts of the list, the first one the master.
     endpoints = [item.strip() for item in env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if item.strip()]
-    hosts = list(dict.fromkeys(item.strip().rsplit(":", 1)[0] for item in family.split(",") if item.strip()))
-    here = env.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0] or env.get("POD_IP", "")
-    if here in hosts:
-        rank = hosts.index(here)
-    elif "PADDLE_TRAINER_ID" in env and env.get("PADDLE_TRAINERS_NUM", str(len(hosts))) == str(len(hosts)):
-        rank = number("PADDLE_TRAINER_ID", env["PADDLE_TRAINER_ID"])
-    else:
-        rank = None
     port = split_endpoint("PADDLE_TRAINER_ENDPOINTS", endpoints[0])[1] if endpoints else DEFAULT_PORT
-    return Layout("PaddlePaddle platform (PADDLE_TRAINER_ENDPOINTS)", len(hosts), rank, hosts[0], port)
+    return Layout("PaddlePaddle platform (PADDLE_TRAINER_ENDPOINTS)", len(hosts), trainer_index(env), hosts[0], port)
+
+
+def trainer_hosts(env: Mapping[str, str]) -> list[str]:
+    """PaddleCloud / AI Studio: the machines are the distinct hosts of the trainers' list, the first the master."""
+    family = env.get("PADDLE_TRAINERS") or env.get("PADDLE_TRAINER_ENDPOINTS") or ""
+    return list(dict.fromkeys(item.strip().rsplit(":", 1)[0] for item in family.split(",") if item.strip()))
+
+
+def trainer_index(env: Mapping[str, str]) -> int | None:
+    """This machine's among trainer_hosts(): its PADDLE_CURRENT_ENDPOINT's (or POD_IP's), or PADDLE_TRAINER_ID."""
+    hosts, here = trainer_hosts(env), env.get("PADDLE_CURRENT_ENDPOINT", "").rsplit(":", 1)[0] or env.get("POD_IP")
+    if here in hosts:
+        return hosts.index(here)
+    one_each = hosts and env.get("PADDLE_TRAINERS_NUM", str(len(hosts))) == str(len(hosts))  # a trainer a machine
+    return number("PADDLE_TRAINER_ID", env["PADDLE_TRAINER_ID"]) if one_each and "PADDLE_TRAINER_ID" in env else None
 
 
 def paddlejob_machine_index(env: Mapping[str, str]) -> int | None:
-    """A PaddleJob pod's index: the operator gives worker 0 POD_IP_DUMMY, and names pods <job>-worker-<index>."""
+    """A PaddleJob pod's index: the operator gives worker 0 POD_IP_DUMMY, and names pods <job>-worker-<index>;
+    AI Studio's PADDLE_MASTER jobs have the trainers' list (trainer_index())."""
     if "PADDLE_RANK" in env:
         return number("PADDLE_RANK", env["PADDLE_RANK"])
     if "POD_IP_DUMMY" in env:
         return 0
     job, pod = env.get("PADDLE_JOB_ID"), env.get("HOSTNAME", socket.gethostname())
     match = re.fullmatch(re.escape(job) + r"-worker-(\d+)", pod) if job else None
-    return int(match.group(1)) if match else None
+    return int(match.group(1)) if match else trainer_index(env)
 
 
 def from_modelarts(env: Mapping[str, str]) -> Layout | None:
@@ -230,7 +237,7 @@ def decide(
             f"machines 0 .. {layout.nnodes - 1}, each its own"
         )
     if layout.nnodes == 1:  # no rendezvous across machines: the launcher's own, on this one
-        return layout._replace(master_addr="127.0.0.1", master_port=user_port)
+        return layout._replace(master_addr="127.0.0.1", master_port=None)  # (a free one: README's MASTER_PORT)
     if layout.min_nnodes is not None:  # the rendezvous numbers the machines, again at every restart
         if user_nnodes and "NODE_RANK" not in env:
             layout = layout._replace(node_rank=None)  # which machine is the master's is not known here
@@ -256,13 +263,6 @@ def visible_gpus() -> int:
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
         return sum(line.startswith("GPU ") for line in listed.splitlines())
     return framework_probe.gpu_count()
-
-
-def check_gpus(nproc: int, gpus: int, device: str) -> None:
-    """With --device auto or gpu each process of a machine with GPUs takes its own: refuse more processes."""
-    shortage = gpu_shortage(nproc, gpus, device)
-    if shortage:
-        raise PlatformError(shortage)
 
 
 def number(name: str, text: str, minimum: int = 0) -> int:
@@ -333,7 +333,8 @@ def main(argv: list[str]) -> None:
     try:
         gpus = visible_gpus()
         layout = decide(env, gpus)
-        check_gpus(layout.nproc, gpus, args.device)
+        if shortage := gpu_shortage(layout.nproc, gpus, args.device):  # (--device auto or gpu: a GPU a process)
+            raise PlatformError(shortage)
         check = script != "predict.py" and args.check
         if check and layout.min_nnodes is not None:  # a preflight meets all (NNODES's most), as a fixed job would
             layout = layout._replace(min_nnodes=None)
