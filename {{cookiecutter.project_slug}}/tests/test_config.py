@@ -238,8 +238,12 @@ def read_metrics(output: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_config_yaml_repeats_a_run_and_wandb_keeps_it_offline_and_continues_it_on_resume(project_root, tmp_path):
+def test_config_yaml_repeats_a_run_and_wandb_keeps_it_offline_and_continues_it_on_resume(
+    project_root, tmp_path, monkeypatch
+):
     first, again = tmp_path / "first", tmp_path / "again"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # where W&B would write beside the output folder
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     # --log-every 3: a loss logged within an epoch of every task (regression's has 6 steps)
     run_sh(project_root, first, "--epochs", "2", "--tracking", "wandb", "--log-every", "3")
     recorded = first / options.CONFIG
@@ -271,6 +275,8 @@ def test_config_yaml_repeats_a_run_and_wandb_keeps_it_offline_and_continues_it_o
     assert best and Path(best[-1]).parent == first / "checkpoints"
     runs = [record.run for record in wandb_records(resumed) if record.WhichOneof("record_type") == "run"]
     assert "changed.epochs" in {tag for run in runs for tag in run.tags}
+    assert not list((tmp_path / "home").rglob("*wandb*"))  # its files are all under the output folder
+    assert list((first / "wandb").rglob("core-debug-*.log"))
 
 
 @pytest.mark.slow

@@ -121,6 +121,8 @@ class Wandb(TrackerBase):
     def begin(self, options: dict, changed: dict, run_id: str | None, job_dir: Path, run_name: str) -> None:
         import wandb
 
+        # Its service's logs under OUTPUT_DIR/wandb too, not in ~/.cache/wandb (WANDB_CACHE_DIR set: there).
+        os.environ.setdefault("WANDB_CACHE_DIR", str(self.directory / "cache"))
         self.run = wandb.init(
             project=__package__, dir=str(self.directory.parent), id=run_id, resume="allow", name=run_name,
             group=job_dir.name if run_name != Path(run_name).name else None, config=options,
