@@ -120,6 +120,25 @@ def test_a_collate_that_returns_what_the_loops_cannot_read_is_named_not_the_task
     assert line.startswith("error: <lambda>() in data.py made a batch of set: the loops cannot read a set; "), line
 
 
+PER_SAMPLE_LOSS = """
+
+def training_loss(model, batch):  # noqa: F811 - a test's mistake: each text's loss, not their mean
+    return F.cross_entropy(logits_of(model, batch), batch["labels"], reduction="none")
+"""
+
+
+@pytest.mark.parametrize("answers", BASIC_FRAMEWORKS, ids=lambda a: a["framework"])
+def test_a_mistake_met_on_batches_of_other_sizes_on_each_rank_is_still_one_error_line(bake, tmp_path, answers):
+    project = bake(task="text", **answers)
+    append(project, "task.py", PER_SAMPLE_LOSS)
+
+    result = run(["bash", "run.sh", "--output-dir", str(tmp_path / "out")], project, timeout=120, NPROC_PER_NODE="3")
+
+    assert result.returncode == 1
+    [line] = error_lines(result)  # each rank's batch is padded to its own longest text: its own Tensor[32, N]
+    assert line.startswith("error: task.training_loss() returned Tensor[32] for a batch of "), line
+
+
 def readme_example(project: Path, title: str) -> list[str]:
     """The Python blocks of a section of the baked README, in order."""
     readme = (project / "README.md").read_text(encoding="utf-8")

@@ -11,6 +11,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import sys
@@ -180,7 +181,10 @@ def say(error: UserError) -> None:
     folder = os.environ.get(SAID)
     if folder:
         local_rank = next((os.environ[name] for name in LOCAL_RANKS if name in os.environ), "0")
-        claim = Path(folder, hashlib.sha256(text.encode()).hexdigest()[:20])
+        # The same mistake on every rank, whatever the sizes of each one's batch (a text batch is padded to its own
+        # longest): the claim is named after the text without them.
+        same = re.sub(r"\[[\d, ]*\]", "[]", text)
+        claim = Path(folder, hashlib.sha256(same.encode()).hexdigest()[:20])
         try:
             with open(claim, "x", encoding="utf-8") as file:
                 file.write(f"{local_rank}\n{text}")
