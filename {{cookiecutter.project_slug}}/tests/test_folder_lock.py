@@ -85,19 +85,16 @@ def test_a_second_job_on_a_running_jobs_folder_stops_before_it_writes_anything(h
     files = {path.relative_to(output) for path in output.rglob("*")}
     try:
         script = ["bash", "run.sh"] if how == "run.sh" else [sys.executable, "run.py"]
-        started = time.monotonic()
         second = subprocess.run(
-            command(output, *script), cwd=slow_project, env=environment(wait_s=3), capture_output=True, text=True,
+            command(output, *script), cwd=slow_project, env=environment(), capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip
-        waited = time.monotonic() - started
         log_after = (output / "train.log").read_text()
     finally:
         kill_job(first, output)
 
     assert second.returncode == 1
-    assert waited >= 3  # JOB_LOCK_WAIT: time for a job that is only stopping
-    assert f"waiting for the job that holds {output} to end" in second.stderr
+    assert "waiting for the job" not in second.stderr  # it trains: JOB_LOCK_WAIT is for a job that is stopping
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert errors and all(line == errors[0] for line in errors), second.stderr
     assert f"output folder {output} is in use by another job (host " in errors[0]

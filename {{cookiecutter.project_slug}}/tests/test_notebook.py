@@ -198,7 +198,7 @@ def test_launch_on_a_folder_that_a_running_job_holds_stops_in_one_line_and_write
 ):
     output = tmp_path / "output"
     output.mkdir()
-    monkeypatch.setenv(output_folder.WAIT_VARIABLE, "1")  # not a job that is only stopping: refused after 1 s
+    monkeypatch.setenv(output_folder.WAIT_VARIABLE, "1")  # (a job that is stopping: waited for 1 s; this one is not)
     with open(output / output_folder.LOCK_NAME, "w") as held:  # as run.sh's rank 0 holds the folder it trains in
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("host gpu-7, process 4242")

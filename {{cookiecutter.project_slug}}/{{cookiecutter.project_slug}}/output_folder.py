@@ -2,9 +2,10 @@
 
 One job per output folder: rank 0 holds a lock on OUTPUT_DIR/.job.lock for as long as the job runs. The lock is the
 operating system's (flock): it goes when the process holding it ends, however it ends (SIGKILL and a crash
-included), so a requeue or a restart after a crash is never refused. A job that is still stopping (saving after
-scancel's SIGTERM when `sbatch` comes again) gets JOB_LOCK_WAIT seconds to end (default 60); after that, the second
-job stops before it trains or writes anything, naming the host and process that hold the folder. Inside an elastic
+included), so a requeue or a restart after a crash is never refused. A second job stops before it trains or writes
+anything, naming the host and process that hold the folder; where the holder is stopping (saving after scancel's
+SIGTERM when `sbatch` comes again: it says so in the lock's file), after JOB_LOCK_WAIT seconds (default 60) for it
+to end. Inside an elastic
 job, a restarted rank 0 goes on where the lock's holder is its own job: a lost machine's lock on a network file
 system lingers long after the machine is gone.
 
@@ -32,6 +33,8 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".job.lock"
+STOPPING = ", stopping"  # the holder's words in the lock's file once a SIGTERM came
+_held: list[int] = []  # the lock this process holds (rank 0), for say_stopping()
 WAIT_VARIABLE, DEFAULT_WAIT_S = "JOB_LOCK_WAIT", 60.0
 
 
@@ -47,8 +50,15 @@ def hold(output_dir: str | Path, env) -> int | None:
     return descriptor
 
 
+def say_stopping() -> None:
+    """This process, if it holds a folder, is stopping: a job started on the folder now waits for it to end."""
+    if _held:
+        os.pwrite(_held[0], STOPPING.encode(), os.fstat(_held[0]).st_size)
+
+
 def release(descriptor: int | None) -> None:
     if descriptor is not None:
+        _held.remove(descriptor)
         os.close(descriptor)
 
 
@@ -84,12 +94,13 @@ def _take(folder: Path) -> tuple[int | None, str | None]:
     if job := roll_call.job_id():
         holder += f", elastic job {job}"
     os.pwrite(descriptor, holder.encode(), 0)
+    _held.append(descriptor)
     return descriptor, None
 
 
 def _refusal_after_waiting(folder: Path, descriptor: int) -> str | None:
     """Lock `descriptor` (None; None too where this elastic job's own rank 0 of before a restart holds it), or,
-    when another job still holds it after JOB_LOCK_WAIT seconds, why not."""
+    when another job holds it (one that is stopping: still after JOB_LOCK_WAIT seconds), why not."""
     deadline = time.monotonic() + float(os.environ.get(WAIT_VARIABLE) or DEFAULT_WAIT_S)
     told = False
     while True:
@@ -98,9 +109,9 @@ def _refusal_after_waiting(folder: Path, descriptor: int) -> str | None:
             return None
         except BlockingIOError:
             holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
-        if (job := roll_call.job_id()) and holder.endswith(f", elastic job {job}"):
+        if (job := roll_call.job_id()) and holder.removesuffix(STOPPING).endswith(f", elastic job {job}"):
             return None  # this job's own rank 0 before a restart: gone, or being stopped by its launcher
-        if time.monotonic() >= deadline:
+        if not holder.endswith(STOPPING) or time.monotonic() >= deadline:  # (training: no use waiting)
             return (
                 f"output folder {folder} is in use by another job ({holder}): wait for it to end or stop it, "
                 "or give this job another --output-dir"

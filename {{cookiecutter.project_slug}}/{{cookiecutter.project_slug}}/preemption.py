@@ -84,6 +84,7 @@ class StopRequest:
     def __init__(self):
         self.steps_per_vote = self.steps_to_vote = 1
         self.last_vote = time.perf_counter()
+        self.on_signal = lambda: None  # what else a SIGTERM does at once (training.py: the folder's lock says it)
 
     @classmethod
     def on_sigterm(cls) -> "StopRequest":
@@ -93,6 +94,7 @@ class StopRequest:
 
     def _set(self, signum, frame) -> None:
         self.signalled = True
+        self.on_signal()
 
     def stop_now(self, env, vote_now: bool = False, loss_sum=0.0, where: tuple[int, int] = (0, 0)) -> bool:
         """Called on every rank after each optimizer step (and with vote_now at the end of an epoch).

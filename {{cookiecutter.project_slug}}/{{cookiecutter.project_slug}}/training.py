@@ -24,6 +24,7 @@ from .logs import LoaderWatch
 @explain_user_errors
 def train(args) -> None:
     stop = preemption.StopRequest.on_sigterm()  # from now on SIGTERM means: save at the next step, then exit
+    stop.on_signal = output_folder.say_stopping  # (and a job started meanwhile on the output folder waits for it)
     engine.configure_kernels(args.deterministic)  # before CUDA starts
     env = distributed.setup(args.device, args.dist_timeout)
     try:
