@@ -108,35 +108,33 @@ def test_a_key_error_in_collate_shows_the_users_frames_and_names_collate(bake, t
     assert frames[0].endswith("in collate") and "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("answers", BASIC_FRAMEWORKS, ids=lambda a: a["framework"])
-def test_a_collate_that_returns_what_the_loops_cannot_read_is_named_not_the_task(bake, tmp_path, answers):
-    project = bake(task="text", **answers)
-    append(project, "data.py", SET_COLLATE)
-
-    result = run(["bash", "run.sh", "--output-dir", str(tmp_path / "out")], project, timeout=120, NPROC_PER_NODE="2")
-
-    assert result.returncode == 1
-    [line] = error_lines(result)
-    assert line.startswith("error: <lambda>() in data.py made a batch of set: the loops cannot read a set; "), line
-
-
 PER_SAMPLE_LOSS = """
 
 def training_loss(model, batch):  # noqa: F811 - a test's mistake: each text's loss, not their mean
     return F.cross_entropy(logits_of(model, batch), batch["labels"], reduction="none")
 """
+# A collate whose batch the loops cannot read is named, not the task; a mistake each rank meets on a batch of its
+# own sizes (each text batch is padded to its longest: Tensor[32, N]) is still one line.
+TEXT_MISTAKES = {
+    "set-collate": ("data.py", SET_COLLATE, "error: <lambda>() in data.py made a batch of set: the loops cannot read "),
+    "per-sample-loss": ("task.py", PER_SAMPLE_LOSS, "error: task.training_loss() returned Tensor[32] for a batch of "),
+}
 
 
+@pytest.mark.parametrize("mistake", TEXT_MISTAKES)
 @pytest.mark.parametrize("answers", BASIC_FRAMEWORKS, ids=lambda a: a["framework"])
-def test_a_mistake_met_on_batches_of_other_sizes_on_each_rank_is_still_one_error_line(bake, tmp_path, answers):
+def test_a_mistake_in_the_text_tasks_files_is_one_line_on_three_ranks_naming_what_went_wrong(
+    bake, tmp_path, answers, mistake
+):
+    file, code, said = TEXT_MISTAKES[mistake]
     project = bake(task="text", **answers)
-    append(project, "task.py", PER_SAMPLE_LOSS)
+    append(project, file, code)
 
     result = run(["bash", "run.sh", "--output-dir", str(tmp_path / "out")], project, timeout=120, NPROC_PER_NODE="3")
 
     assert result.returncode == 1
-    [line] = error_lines(result)  # each rank's batch is padded to its own longest text: its own Tensor[32, N]
-    assert line.startswith("error: task.training_loss() returned Tensor[32] for a batch of "), line
+    [line] = error_lines(result)
+    assert line.startswith(said), line
 
 
 def readme_example(project: Path, title: str) -> list[str]:
