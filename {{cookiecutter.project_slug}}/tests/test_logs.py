@@ -1,6 +1,8 @@
 """metrics.jsonl stays one line per finished epoch across crashes and resumes; train.log keeps why a run ended."""
 
 import json
+import logging
+import sys
 
 import pytest
 
@@ -112,3 +114,15 @@ def test_a_fresh_run_in_a_folder_of_an_earlier_run_says_that_its_metrics_and_sav
     logs.append_metrics(tmp_path / "metrics.jsonl", {"epoch": 1, "val_loss": 0.5})
     logs.MetricsLog(tmp_path / "metrics.jsonl", True, 3, 1)  # a resumed run
     assert "afresh" not in caplog.text
+
+
+def test_a_log_handler_made_while_the_framework_is_imported_writes_to_stderr_afterwards(capsys):
+    logger = logging.getLogger("imported_with_its_own_handler")
+    with errors.ended_quietly_by_ctrl_c():  # as run.py and predict.py import the framework
+        logger.addHandler(logging.StreamHandler(sys.stderr))  # as torch does under TORCH_LOGS
+    try:
+        logger.warning("a recompilation, say")
+    finally:
+        logger.handlers.clear()
+
+    assert "a recompilation, say" in capsys.readouterr().err

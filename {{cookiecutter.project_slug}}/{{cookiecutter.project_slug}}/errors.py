@@ -223,6 +223,11 @@ def ended_quietly_by_ctrl_c():
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if not heard:
             sys.stderr.write(held.getvalue())
+        # Log handlers made meanwhile (torch's, under TORCH_LOGS) write to stderr from now on, not to what was held.
+        loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+        for handler in (handler for logger in loggers for handler in getattr(logger, "handlers", ())):
+            if getattr(handler, "stream", None) is held:
+                handler.setStream(sys.stderr)
 
 
 @contextlib.contextmanager
