@@ -299,9 +299,8 @@ def test_a_check_on_two_machines_says_ready_on_both_and_trains_nothing(bake, tmp
         assert ours[-1].startswith("ready: 2 machine(s) x 2 process(es)"), output[-3000:]
         assert all(f"\ncheck {name}: " in output for name in PREFLIGHT_CHECKS), output
         assert "over 4 rank(s) on gloo" in output
-    # Only paddle's launcher logs are new in the folder: no checkpoint, no log of a training, no check's own file.
-    left = {"notes.txt", "launch-logs"} if framework == "paddle" else {"notes.txt"}
-    assert {path.name for path in shared.iterdir()} == left
+    # Nothing new in the folder: no checkpoint, no log of a training, no check's own file, no launcher's logs.
+    assert {path.name for path in shared.iterdir()} == {"notes.txt"}
 
 
 def test_each_problem_a_check_finds_is_one_error_line_within_a_minute(bake, tmp_path):

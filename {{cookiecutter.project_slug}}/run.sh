@@ -110,8 +110,13 @@ command=("$PYTHON" "$RUN_SCRIPT" "$@")
 {%- elif cookiecutter.framework == "paddle" and cookiecutter.launcher in ("launch", "fleetrun") %}
 # {{ cookiecutter.launcher }} starts NPROC_PER_NODE copies of run.py and writes the output of each one (local index N)
 # to log_dir/workerlog.N, showing worker 0's here too. log_dir is launch-logs/ in run.py's output folder
-# (launch-logs/nodeR on several machines; predict.py's: in the temporary folder), overwritten by every run.
+# (launch-logs/nodeR on several machines; predict.py's and --check's: in the temporary folder, deleted at the end),
+# overwritten by every run.
 log_dir="$LAUNCH_LOGS"
+temporary_logs=0
+if [[ $LAUNCH_LOGS != "$OUTPUT_DIR/launch-logs" ]]; then
+  temporary_logs=1
+fi
 launch_args=(--nproc_per_node "$NPROC_PER_NODE" --log_overwrite true --log_level WARNING)
 # paddle picks its free ports in PORT_RANGE (35100:64000 by default), among those the kernel gives outgoing
 # connections: one may take a picked port before the worker binds it, and paddle aborts in C++. Pick below those.
@@ -173,7 +178,7 @@ show_worker_errors() {
 
 # paddle writes its copies of the whole environment (access tokens too) there while the job runs: this user's only.
 if ! said=$(mkdir -p "$log_dir" 2>&1 && chmod 700 "$log_dir" 2>&1); then # (before paddle's launcher fails there)
-  if [[ $RUN_SCRIPT == predict.py ]]; then
+  if ((temporary_logs)); then
     echo "error: the launcher's log folder $log_dir cannot be made (${said##*: }): set TMPDIR to one you may write" >&2
   else
     [[ -f $OUTPUT_DIR ]] && said="it is a file"
@@ -202,8 +207,9 @@ fi
 # outputs that get shared. (backup_env.N.json stays: the workers of a job started next, waiting for this one's
 # output folder, read theirs as they start.)
 rm -f "$log_dir"/envlog.* "$log_dir"/*.log
-if [[ $RUN_SCRIPT == predict.py ]]; then
-  rm -rf "$log_dir" # predict.sh's, in the temporary folder: what its workers said is on the console
+if ((temporary_logs)); then # what its workers said is on the console (the parent: once every machine's is gone)
+  rm -rf "$log_dir"
+  rmdir "$LAUNCH_LOGS" 2>/dev/null || true
 fi
 if ((stopped)); then
   exit 143 # as the workers do: stopped by SIGTERM, the checkpoint saved

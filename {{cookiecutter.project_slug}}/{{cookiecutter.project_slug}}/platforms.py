@@ -17,7 +17,6 @@ imported only to count the GPUs of a machine that has an NVIDIA driver.
 """
 
 import contextlib
-import hashlib
 import io
 import os
 import re
@@ -25,12 +24,11 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from . import cli, hardware, output_folder, roll_call
+from . import cli, hardware, output_folder, roll_call, workspace
 from .errors import INTERRUPTED_STATUS, PlatformError, gpu_shortage
 from .settings import FRAMEWORK, LAUNCHER, NODES
 
@@ -323,12 +321,12 @@ def main(argv: list[str]) -> None:
         # Where its output goes: without --output, the task's default name in the working folder.
         output_dir = str(Path(args.output).resolve().parent) if args.output else os.getcwd()
         # The launcher's logs (with its copies of the environment): in the temporary folder, not beside the output.
-        key = str(Path(args.output).resolve()) if args.output else output_dir
-        launch_logs = Path(tempfile.gettempdir()) / f"predict-logs-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+        launch_logs = workspace.temporary_logs("predict", args.output or output_dir)
     else:
         args = _parsed(lambda given: cli.parse_args(given, quiet=True), argv)
         output_dir = args.output_dir
-        launch_logs = Path(output_dir) / "launch-logs"
+        # (--check writes nothing in the output folder: its launcher's logs go where predict.sh's go)
+        launch_logs = workspace.temporary_logs("check", output_dir) if args.check else Path(output_dir, "launch-logs")
     env = os.environ
     try:
         gpus = visible_gpus()

@@ -1,6 +1,7 @@
 """The folders a job uses on each platform: where outputs go (--output-dir, ModelArts's --train_url, the AI Studio
 workspace), where a platform's data is (ModelArts's --data_url), and where an archive can be extracted."""
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Mapping
@@ -54,6 +55,13 @@ def place_fold(args, env: Mapping[str, str] = os.environ) -> None:
 
 def fold_dir(directory: str | Path, fold: int) -> str:
     return str(Path(directory) / f"fold-{fold}")
+
+
+def temporary_logs(script: str, beside: str | Path) -> Path:
+    """The folder of the launcher's logs of predict.sh or run.sh --check in the temporary folder, one for each output
+    `beside` (run.sh deletes it at the end)."""
+    key = str(Path(beside).resolve())
+    return Path(tempfile.gettempdir()) / f"{script}-logs-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
 def in_workspace(path: str | None, env: Mapping[str, str] = os.environ) -> str | None:
