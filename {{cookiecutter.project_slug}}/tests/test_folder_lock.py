@@ -10,6 +10,7 @@ import pytest
 from conftest import batches_per_epoch, copy_of_project, default_data_sizes
 
 from {{ cookiecutter.project_slug }} import output_folder, settings, task, workspace
+from {{ cookiecutter.project_slug }}.distributed import DistEnv
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +121,25 @@ def test_the_next_job_waits_for_one_that_is_stopping_and_a_killed_one_holds_noth
     assert f"done: best val_{task.BEST_METRIC}" in log
     if signum == signal.SIGTERM:
         assert "resumed from" in log
+
+
+def test_a_holder_told_to_stop_says_so_once_in_the_lock_and_only_then_is_waited_for(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(output_folder.WAIT_VARIABLE, "0.5")
+    lock = output_folder.hold(tmp_path, DistEnv(0, 0, 1, "cpu"))
+    try:
+        training = output_folder.in_use(tmp_path)
+        waits_for_training = capsys.readouterr().err
+        output_folder.say_stopping()
+        output_folder.say_stopping()  # (a second SIGTERM)
+        stopping = output_folder.in_use(tmp_path)
+        waits_for_stopping = capsys.readouterr().err
+    finally:
+        output_folder.release(lock)
+
+    assert f"process {os.getpid()}, since " in training and "stopping" not in training and not waits_for_training
+    assert stopping.count(", stopping): wait for it to end") == 1 and "stopping, stopping" not in stopping
+    assert waits_for_stopping.startswith(f"waiting for the job that holds {tmp_path} to end")
+    assert output_folder.in_use(tmp_path) is None  # released
 
 
 def test_a_restarted_elastic_job_goes_on_where_its_own_lost_rank_0_still_holds_the_lock(tmp_path, monkeypatch):

@@ -5,9 +5,8 @@ operating system's (flock): it goes when the process holding it ends, however it
 included), so a requeue or a restart after a crash is never refused. A second job stops before it trains or writes
 anything, naming the host and process that hold the folder; where the holder is stopping (saving after scancel's
 SIGTERM when `sbatch` comes again: it says so in the lock's file), after JOB_LOCK_WAIT seconds (default 60) for it
-to end. Inside an elastic
-job, a restarted rank 0 goes on where the lock's holder is its own job: a lost machine's lock on a network file
-system lingers long after the machine is gone.
+to end. Inside an elastic job, a restarted rank 0 goes on where the lock's holder is its own job: a lost machine's
+lock on a network file system lingers long after the machine is gone.
 
 The saves that are kept: the folders of sharded saves, the links that name them (DIR/checkpoints/last and best),
 and the K best epochs of --keep-best, listed in DIR/checkpoints/top.json. Every rank writes its part of a save into
@@ -52,7 +51,7 @@ def hold(output_dir: str | Path, env) -> int | None:
 
 def say_stopping() -> None:
     """This process, if it holds a folder, is stopping: a job started on the folder now waits for it to end."""
-    if _held:
+    if _held and not os.pread(_held[0], 300, 0).endswith(STOPPING.encode()):  # (a second SIGTERM: said already)
         os.pwrite(_held[0], STOPPING.encode(), os.fstat(_held[0]).st_size)
 
 

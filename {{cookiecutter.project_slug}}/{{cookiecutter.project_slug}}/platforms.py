@@ -235,7 +235,7 @@ def decide(
             f"machines 0 .. {layout.nnodes - 1}, each its own"
         )
     if layout.nnodes == 1:  # no rendezvous across machines: the launcher's own, on this one
-        return layout._replace(master_addr="127.0.0.1", master_port=None)  # (a free one: README's MASTER_PORT)
+        return layout._replace(master_addr="127.0.0.1", master_port=None)  # (a free port: MASTER_PORT is for machines)
     if layout.min_nnodes is not None:  # the rendezvous numbers the machines, again at every restart
         if user_nnodes and "NODE_RANK" not in env:
             layout = layout._replace(node_rank=None)  # which machine is the master's is not known here
