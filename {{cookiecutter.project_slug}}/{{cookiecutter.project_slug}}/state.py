@@ -1,9 +1,8 @@
 """Where training stands, and the part of checkpointing that is the same for every framework.
 
-Each framework's checkpoint.Checkpointer is a CheckpointerBase that reads and writes its
-own files; this base owns the TrainingState: it decides which epoch is the best (by the
-metric and direction task.py states), keeps how far a stopped epoch got, and makes every
-rank agree on where a resumed run starts.
+Each framework's checkpoint.Checkpointer is a CheckpointerBase that reads and writes its own files; this base owns
+the TrainingState: it decides which epoch is the best (by the metric and direction task.py states), keeps how far a
+stopped epoch got, and makes every rank agree on where a resumed run starts.
 """
 
 import logging
@@ -244,8 +243,9 @@ class CheckpointerBase:
         self._place_schedule(loaded is not None, warmup_epochs)
         if loaded is not None and self.state.base_lr is not None:
             self._set_base_lr(self.state.base_lr)  # the run's own, not build_optimizer()'s default
+        saved = loaded[1] if loaded is not None else {"given_lr": lr}  # (a fresh start: its own --lr)
         # A --lr given again is the run's own: as its checkpoint records (1.3.10's: as its config.yaml, a start's).
-        before = loaded[1].get("given_lr", options.last_start(self.directory.parent).get("lr")) if loaded else lr
+        before = saved["given_lr"] if "given_lr" in saved else options.last_start(self.directory.parent).get("lr")
         if loaded is not None and lr not in (None, before):
             factor = self.schedule.factor()
             log.info("--lr %g: the resumed run trains at it from epoch %d on (the optimizer's rate %g, was %g), the "
