@@ -214,6 +214,13 @@ def read_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = True) -> 
             raise UserError(f"{path} cannot be read as CSV text ({error}): save it as a UTF-8 CSV file") from None
     if not rows:
         raise UserError(f"{path} has a header row but no rows")
+    for line, row in rows:  # (csv puts values past the header under None, and None for those missing)
+        values = len(row.get(None, [])) + sum(value is not None for name, value in row.items() if name is not None)
+        if values != len(header):
+            raise UserError(
+                f"{path} line {line}: {values} values, but the header has {len(header)} columns: put a text that "
+                'holds a comma in double quotes, and double a quote inside it ("")'
+            )
     return rows
 
 

@@ -133,6 +133,29 @@ def test_a_row_without_a_label_is_one_line_naming_its_row(texts):
         data.build_datasets(args_for(texts))
 
 
+@pytest.mark.parametrize(
+    "line, values",
+    [('x,"a stray "quote, a comma",files', 4), ("x,a text with, a comma,files", 4), ("x,a text", 2)],
+)
+def test_a_row_of_more_or_fewer_values_than_the_header_is_one_line_naming_its_row(texts, line, values):
+    with open(texts / "train.csv", "a", encoding="utf-8") as file:
+        file.write(line + "\n")
+
+    with pytest.raises(UserError, match=rf"train\.csv line 32: {values} values, but the header has 3 columns"):
+        data.build_datasets(args_for(texts))
+    with pytest.raises(UserError, match=r"train\.csv line 32"):
+        data.build_labeled_set(args_for(texts))
+
+
+def test_texts_to_predict_with_a_value_missing_are_one_line_naming_the_row(texts, tmp_path):
+    train_set, _, num_classes = data.build_datasets(args_for(texts))
+    source = tmp_path / "new.csv"
+    source.write_text("id,text\nt0,hello world\nt1\n", encoding="utf-8")
+
+    with pytest.raises(UserError, match=r"new\.csv line 3: 1 values, but the header has 2 columns"):
+        data.build_predict_set(source, seam.data_description(train_set, num_classes))
+
+
 def test_synthetic_texts_are_made_without_files_as_ids_of_their_own_vocabulary():
     train_set, val_set, num_classes = data.build_datasets(argparse.Namespace(synthetic=True, seed=0))
 
