@@ -215,6 +215,27 @@ def test_two_machines_on_loopback_train_as_one_job(bake, tmp_path, answers):
     assert not (machine1 / "out" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"framework": "pytorch", "launcher": "torchrun"},
+        {"framework": "pytorch", "launcher": "spawn"},
+    ],
+    ids=lambda a: "-".join(a.values()),
+)
+def test_a_machine_without_the_data_ends_the_job_in_one_line_on_each_machine(bake, tmp_path, answers):
+    machines = two_machines(bake(nodes="multi", **answers), tmp_path)
+    (machines[1] / "data" / "digits.zip").unlink()
+
+    results = finish(start_on_both(machines, "--epochs", "1", "--output-dir", "out", nproc=1))
+
+    errors = [[line for line in output.splitlines() if line.startswith("error:")] for _, output, _ in results]
+    assert [status != 0 for status, _, _ in results] == [True, True], [output[-3000:] for _, output, _ in results]
+    assert len(errors[1]) == 1 and "not found" in errors[1][0], results[1][1][-3000:]
+    assert len(errors[0]) == 1 and "Traceback" not in results[0][1], results[0][1][-3000:]
+    assert processes_left_in(machines[0]) == processes_left_in(machines[1]) == []
+
+
 def test_hsdp_on_two_machines_of_two_processes_trains_as_ddp_on_four_and_saves_into_the_shared_folder(bake, tmp_path):
     machines = two_machines(bake(nodes="multi", framework="pytorch"), tmp_path)
     shared = tmp_path / "shared"  # the output folder both machines see (a network file system)
@@ -364,6 +385,30 @@ def test_a_machine_that_never_joins_ends_the_job_after_its_timeout(bake, answers
     # Machine 0 names the machine it waits for, while it waits and at the end.
     assert "waiting for machine 1 of 2 to join (" in result.stderr
     assert "machine 1 of 2 did not" in lines[-1]
+    assert processes_left_in(project) == []
+
+
+@pytest.mark.parametrize(
+    "answers, last_line",
+    [
+        ({"framework": "pytorch", "launcher": "torchrun"}, "nothing answers on the master's port 127.0.0.1:"),
+        ({"framework": "pytorch", "launcher": "spawn"}, "nothing answers on the master's port 127.0.0.1:"),
+        ({"framework": "paddle", "launcher": "launch"}, "did not all join within JOIN_TIMEOUT=10 s"),
+    ],
+    ids=lambda value: "-".join(value.values()) if isinstance(value, dict) else "",
+)
+def test_a_machine_whose_master_never_starts_ends_after_its_timeout_in_one_line(bake, answers, last_line):
+    project = bake(nodes="multi", dataset="synthetic", **answers)
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_PORT": str(free_port()), "JOIN_TIMEOUT": "10"}
+    started = time.monotonic()
+
+    result = run(["bash", "run.sh", "--dist-timeout", "10"], project, timeout=60, NPROC_PER_NODE="1", **env)
+
+    assert result.returncode != 0
+    assert time.monotonic() - started < 30  # (torch's client waited twice, printing C++ stacks)
+    lines = result.stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], result.stderr[-2000:]
+    assert last_line in lines[-1] and "frame #" not in result.stderr
     assert processes_left_in(project) == []
 
 

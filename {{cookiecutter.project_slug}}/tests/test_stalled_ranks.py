@@ -96,3 +96,25 @@ def test_the_error_is_one_line_and_the_status_that_launchers_pass_on_without_a_l
 
     assert exit_.value.code == COLLECTIVE_TIMEOUT_STATUS
     assert capsys.readouterr().err == "error: a collective timed out in epoch 2 step 9/23: ...\n"
+
+
+@pytest.mark.parametrize(
+    "framework, launcher, nodes, elastic",
+    [
+        ("pytorch", "torchrun", "multi", True),
+        ("pytorch", "spawn", "multi", False),
+        ("paddle", "fleetrun", "multi", True),
+        ("pytorch", "torchrun", "single", False),
+    ],
+)
+def test_a_lost_rank_offers_an_elastic_job_only_where_the_project_can_run_one(
+    monkeypatch, framework, launcher, nodes, elastic
+):
+    monkeypatch.delenv(roll_call.JOB_ID_VARIABLE, raising=False)
+    for name, value in {"FRAMEWORK": framework, "LAUNCHER": launcher, "NODES": nodes}.items():
+        monkeypatch.setattr(roll_call.settings, name, value)
+
+    line = str(roll_call.peer_gone(WHERE, shown=True))
+
+    assert "run it again to resume from the last save" in line
+    assert ("an elastic job, NNODES=MIN:MAX, goes on" in line) == elastic

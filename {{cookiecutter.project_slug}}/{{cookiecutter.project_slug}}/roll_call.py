@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from . import settings
 from .errors import COLLECTIVE_TIMEOUT_STATUS, PlatformError, UserError
 
 FIRST_REPORT_S = 5.0  # machines started together need a few seconds: a line before then says nothing useful
@@ -135,11 +136,12 @@ def explained(
 def peer_gone(where: str, shown: bool) -> CollectiveTimedOut:
     """The error of a rank whose collective in `where` lost its connection to another rank: that rank's process, or
     its machine, is gone (said once per machine: `shown`)."""
-    then = (
-        "the elastic job restarts from the last save"
-        if job_id()
-        else "the job stops; run it again to resume from the last save (an elastic job, NNODES=MIN:MAX, goes on)"
-    )
+    if job_id():
+        then = "the elastic job restarts from the last save"
+    else:
+        then = "the job stops; run it again to resume from the last save"
+        if settings.NODES == "multi" and settings.LAUNCHER in ELASTIC_LAUNCHERS[settings.FRAMEWORK]:
+            then += " (an elastic job, NNODES=MIN:MAX, goes on)"
     return CollectiveTimedOut(
         f"a collective failed in {where}: another rank closed its connection (its process or its machine is gone, "
         f"its own error, if any, is in its log); {then}",
@@ -183,6 +185,7 @@ def _roll_call(rank: int, world_size: int, add: Callable[[str, int], int]) -> tu
 
 JOB_ID_VARIABLE = "ELASTIC_JOB_ID"
 ETCD_VARIABLE = "ETCD_ENDPOINT"
+ELASTIC_LAUNCHERS = {"pytorch": ("torchrun",), "paddle": ("launch", "fleetrun")}  # those that run a range of machines
 
 
 def machine_range(name: str, text: str) -> tuple[int, int]:
@@ -201,12 +204,12 @@ def machine_range(name: str, text: str) -> tuple[int, int]:
 
 def refusal(framework: str, launcher: str, env: Mapping[str, str]) -> str | None:
     """Why this bake cannot run an elastic job here, or None."""
-    if framework == "pytorch" and launcher != "torchrun":
+    if framework == "pytorch" and launcher not in ELASTIC_LAUNCHERS[framework]:
         return (
             f"an elastic job (a range of machines) runs with torchrun; this project was baked with launcher={launcher}: "
             "bake it again with launcher=torchrun, or give NNODES one number"
         )
-    if framework == "paddle" and launcher == "spawn":
+    if framework == "paddle" and launcher not in ELASTIC_LAUNCHERS[framework]:
         return (
             "an elastic job (a range of machines) runs with Paddle's launch or fleetrun; this project was baked with "
             "launcher=spawn: bake it again with launcher=launch, or give NNODES one number"

@@ -9,6 +9,7 @@ does any communication: single process is just the default case.
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -65,6 +66,11 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         # a C++ report. Read at init_process_group(); torchrun passes on what launcher.py set.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         roll = _roll_call(rank, local_rank, timeout_s)
+        master = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 0))
+        # spawn: rank 0's process group serves the store; a client that cannot connect prints C++ stacks, and waits
+        # for --dist-timeout more than once.
+        if LAUNCHER == "spawn" and rank != 0 and not wait_for_port(*master, wait_s=timeout_s):
+            raise UserError(_master_silent(*master, timeout_s))
         try:
             dist.init_process_group(
                 backend="nccl" if gpu is not None else "gloo",
@@ -79,9 +85,19 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
                 f"the processes did not all join within --dist-timeout {timeout_s:g} s ({error}{missing}): start "
                 "run.sh on every machine with the same NNODES, MASTER_ADDR and MASTER_PORT"
             ) from None
+        except dist.DistNetworkError:  # (machine 0 given an address that is not its own)
+            raise UserError(_master_silent(*master, timeout_s)) from None
     # torchrun, torch.distributed.launch, spawn and notebook.launch() set LOCAL_WORLD_SIZE; srun its own.
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
     return DistEnv(rank, local_rank, world_size, this_device, local_world_size)
+
+
+def _master_silent(master_addr: str, master_port: int, timeout_s: float) -> str:
+    return (
+        f"nothing answers on the master's port {master_addr}:{master_port} within --dist-timeout {timeout_s:g} s: "
+        "start machine 0 (NODE_RANK=0) too, with MASTER_ADDR its own address and the same MASTER_PORT, and check "
+        "that its firewall lets the port in"
+    )
 
 
 def _roll_call(rank: int, local_rank: int, timeout_s: float):
@@ -140,7 +156,12 @@ def _timeout_explained(waiting_for: str):
     try:
         yield
     except RuntimeError as error:
-        if "Timed out" not in str(error):  # gloo's words; a peer that died says "Connection closed"
+        if re.search("Connection (closed|reset) by peer", str(error)):  # gloo: the process is gone
+            raise UserError(
+                f"another process ended while this one waited for {waiting_for}: its own error line, on its "
+                "machine, says why"
+            ) from None
+        if "Timed out" not in str(error):  # gloo's words
             raise
         raise UserError(f"waited --dist-timeout for {waiting_for}: raise --dist-timeout if that takes longer") from None
 
@@ -199,7 +220,8 @@ def wrap_model(
         model = fsdp.shard(model, env.device.type, env.world_size, machines, amp_dtype, units, reshard_after_forward)
     elif env.world_size > 1:
         device_ids = [env.local_rank] if env.on_gpu else None
-        model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+        with _timeout_explained("the other processes' start"):  # its first collective: one may have failed there
+            model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
     if not compile:
         return model
     compiled = torch.compile(model)
