@@ -501,12 +501,16 @@ def processes_left_in(folder: Path, grace_s: float = 5.0) -> list[str]:
         time.sleep(0.1)
 
 
-def start_job(project: Path, *args: str) -> subprocess.Popen:
+def start_job(project: Path, *args: str, console: Path | None = None) -> subprocess.Popen:
+    """`bash run.sh ARGS` on 2 processes, in a session of its own; what it prints into the file `console`."""
     env = tool_env(NPROC_PER_NODE="2", MASTER_PORT=str(free_port()))
-    return subprocess.Popen(
-        ["bash", "run.sh", *args], cwd=project, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    out = open(console, "w", encoding="utf-8") if console else subprocess.DEVNULL  # (the child holds its own copy)
+    job = subprocess.Popen(
+        ["bash", "run.sh", *args], cwd=project, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT
+    )
+    if console:
+        out.close()
+    return job
 
 
 def kill_job_after(job: subprocess.Popen, metrics: Path, lines: int, extra_s: float) -> None:
@@ -597,13 +601,18 @@ def test_sigterm_saves_at_the_next_step_and_the_next_start_finishes_with_the_sam
     whole_group = answers["launcher"] == "spawn"
 
     # With a loader worker, as on GPUs: launchers and SLURM signal it too, and it must not end the rank before its save.
-    job = start_job(project, *args, "--workers", "1", "--output-dir", str(output))
+    job = start_job(project, *args, "--workers", "1", "--output-dir", str(output), console=tmp_path / "console")
     seconds = stop_job_at(job, output / "train.log", "epoch 1 step 10/", whole_group)
 
     assert job.returncode == 143
     assert seconds < 15
     assert processes_left_in(project) == []
     log = (output / "train.log").read_text(encoding="utf-8")
+    # The console shows all that rank 0 logged, up to the stop (paddle's launcher copies it from its log).
+    console = (tmp_path / "console").read_text(encoding="utf-8")
+    assert [line for line in console.splitlines() if " epoch 1 " in line or " stopped by " in line] == [
+        line for line in log.splitlines() if " epoch 1 " in line or " stopped by " in line
+    ], console[-3000:]
     stopped_at = int(log.split("stopped by SIGTERM after epoch 1 step ")[1].split(";")[0])
     assert 10 <= stopped_at < 45  # a step boundary within about a second (steps take 50 ms), before the end (45)
     assert not (output / "metrics.jsonl").exists() or read_metrics(output) == []

@@ -198,9 +198,7 @@ while kill -0 "$launcher" 2>/dev/null; do # the trap interrupted wait: wait for 
   status=0
   wait "$launcher" || status=$?
 done
-if ((stopped)); then
-  grep -h "stopped by SIGTERM" "$log_dir/workerlog.0" 2>/dev/null || true # the console stopped showing worker 0
-elif ((status != 0)); then
+if ((!stopped && status != 0)); then
   show_worker_errors "$log_dir"
 fi
 # paddle's copies of the whole environment (access tokens too; the pod's *.log starts with one): not left in

@@ -83,6 +83,15 @@ def _launch(join_timeout: float, too_few: list[int], errors_said: Path) -> None:
     # Process 0's log comes to the console through this, up to a C++ report of gloo giving up (said in one line).
     relay = Container.logs
     Container.logs = lambda one, fn=None, *args, **kwargs: relay(one, fn or _CONSOLE.of(one), *args, **kwargs)
+    # Stopping it (a SIGTERM, another worker failed) paddle would close its log while it still writes: read on below.
+    close = Container.terminate
+
+    def terminate(one, force: bool = False) -> None:
+        if one is _CONSOLE.container and one._log_handler is not None:
+            _CONSOLE.unread, one._log_handler = one._log_handler, None
+        close(one, force)
+
+    Container.terminate = terminate
     # paddle ends with the status of the first worker, in rank order, that did not end with 0: often one that it
     # stopped itself after another had failed (-15, which the shell sees as 241), where the failure's own is wanted.
     paddles_status = Pod.exit_code.fget
@@ -101,6 +110,7 @@ def _launch(join_timeout: float, too_few: list[int], errors_said: Path) -> None:
             f"({type(error).__name__}: {error}): start it, or set ETCD_ENDPOINT to one that this machine reaches"
         )
     finally:
+        _CONSOLE.read_to_the_end()  # paddle has waited for the workers to end
         # (Where a worker failed on its own, saying why or in a traceback, the others' gloo gave up on it at once:
         # that failure is the job's.)
         logs = list(Path(_flag("--log_dir", ".")).glob("workerlog.*"))
@@ -159,7 +169,7 @@ class _Console:
     """What paddle copies from process 0's log: to stdout, up to a C++ report of gloo giving up (until an elastic
     job's restart starts process 0 again)."""
 
-    container, cut = None, False
+    container, cut, unread = None, False, None
 
     def of(self, container) -> "_Console":
         if container is not self.container:
@@ -170,6 +180,13 @@ class _Console:
         self.cut = self.cut or _GLOO_GAVE_UP in line
         if not self.cut:
             sys.stdout.write(line)
+
+    def read_to_the_end(self) -> None:
+        """The rest of a stopped process 0's log, which paddle would have left unread."""
+        if self.unread is not None:
+            for line in self.unread:
+                self.write(line)
+            self.unread.close()
 
 
 _CONSOLE = _Console()
