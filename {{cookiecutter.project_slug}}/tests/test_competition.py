@@ -173,21 +173,6 @@ def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_fini
     assert "dist-template" in log and "is finished" not in log
 
 
-def test_a_rerun_of_finished_folds_on_changed_data_is_refused_rather_than_scoring_the_old_folds(tmp_path):
-    folds.write_folds(tmp_path / "folds.csv", ["a", "b", "c"], [0, 1, 0])
-    for fold in (0, 1):
-        for name in (folds.OOF, folds.CONTRIBUTIONS):
-            (Path(folds.fold_dir(tmp_path, fold)) / name).parent.mkdir(parents=True, exist_ok=True)
-            (Path(folds.fold_dir(tmp_path, fold)) / name).write_bytes(b"a finished fold's")
-    args = argparse.Namespace(output_dir=str(tmp_path), folds=2, fold=None)
-    workspace.place_fold(args, env={})
-    one_row_deleted = argparse.Namespace(labeled_set=lambda args: batches.Labeled(None, 2, ["a", "c"], [0, 1]))
-
-    with pytest.raises(UserError, match="written for other data .1 ids differ"):
-        folds.train_each(args, DistEnv(0, 0, 1, "cpu"), one_row_deleted, lambda run_args: pytest.fail("trained"))
-    assert not (tmp_path / folds.CV).exists()
-
-
 def test_array_tasks_whose_folds_end_at_once_each_write_the_pooled_out_of_fold_rows_without_tripping(tmp_path):
     """Each array task whose fold ends last scores the folds, and writes DIR/oof.csv (the same rows): two at once
     once ended one of them in FileNotFoundError (both wrote one temporary file, and one of them had moved it)."""

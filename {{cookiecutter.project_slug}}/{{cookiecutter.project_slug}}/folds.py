@@ -70,8 +70,6 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
         _check_count(split_file, _fold_count(split_file), args.folds)
     done = _finished_folds(args.folds_dir, args.folds)
     left = [fold for fold in range(args.folds) if fold not in done]
-    if not left and split_file.is_file():  # no fold's run reads the data: the score is of the data's folds still
-        read_folds(split_file, unique_ids(task.labeled_set(args)), args.folds)
     for fold in sorted(done):
         log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,
                  args.folds, Path(fold_dir(args.folds_dir, fold), OOF), fold)  # fmt: skip
@@ -136,7 +134,10 @@ def assign(strata: list, groups: list | None, folds: int, seed: int) -> list[int
 def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Part, Part]:
     """Fold args.fold's training set (the other folds) and validation set (its own), by DIR/folds.csv: written by
     the first run (atomically), read by every later one, which stops in one line where the data has changed."""
-    ids = unique_ids(labeled)
+    ids = [str(sample_id) for sample_id in labeled.ids]
+    if len(set(ids)) != len(ids):
+        twice = next(sample_id for sample_id in ids if ids.count(sample_id) > 1)
+        raise UserError(f"--folds: data.py's build_labeled_set() gives the id {twice!r} to more than one sample")
     path = Path(args.folds_dir) / FOLDS_CSV
     if path.is_file():
         fold_of = read_folds(path, ids, args.folds)
@@ -157,14 +158,6 @@ def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Pa
         Part(data, list(at), [ids[i] for i in part], [keys[i] for i in part])
         for data, at, part in zip(sets, positions, (train, val), strict=True)
     )
-
-
-def unique_ids(labeled: Labeled) -> list[str]:
-    ids = [str(sample_id) for sample_id in labeled.ids]
-    if len(set(ids)) != len(ids):
-        twice = next(sample_id for sample_id in ids if ids.count(sample_id) > 1)
-        raise UserError(f"--folds: data.py's build_labeled_set() gives the id {twice!r} to more than one sample")
-    return ids
 
 
 def write_folds(path: Path, ids: list[str], fold_of: list[int]) -> None:
