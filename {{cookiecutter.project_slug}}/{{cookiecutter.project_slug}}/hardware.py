@@ -157,11 +157,7 @@ def network(layout, master_ip: str, device: str, gpus: int, wait_s: float = WAIT
     hosts_master = layout.node_rank == 0 or (layout.node_rank is None and interface_of(master_ip))
     if not hosts_master:
         if not wait_for_port(master_ip, layout.master_port, wait_s):
-            raise PlatformError(
-                f"nothing answers on the master's port {master_ip}:{layout.master_port} within "
-                f"{wait_s:g} s: start machine 0 (NODE_RANK=0) too, with the same MASTER_PORT, and "
-                "check that its firewall lets the port in"
-            )
+            raise PlatformError(master_silent(master_ip, layout.master_port, f"{wait_s:g} s"))
         lines.append(f"check port: {master_ip}:{layout.master_port} answers")
     on_gpu = device != "cpu" and gpus > 0
     said, variable = interface_advice(master_ip, layout.master_port, on_gpu)
@@ -179,6 +175,14 @@ def wait_for_port(host: str, port: int, wait_s: float = WAIT_S) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(1.0)
+
+
+def master_silent(host: str, port: int, waited: str) -> str:
+    """The error of a machine that waited `waited` (its limit, said as the user sets it) for the master's port."""
+    return (
+        f"nothing answers on the master's port {host}:{port} within {waited}: start machine 0 (NODE_RANK=0) too, with "
+        "the same NNODES, MASTER_ADDR (its own address) and MASTER_PORT, and check that its firewall lets the port in"
+    )
 
 
 def route_to(master_ip: str, port: int) -> str:

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import errors, framework_probe, hardware
 from .errors import COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, UserError
-from .hardware import DistEnv, wait_for_port
+from .hardware import DistEnv, master_silent, wait_for_port
 from .roll_call import RollCall, die_with_parent
 from .settings import LAUNCHER
 
@@ -70,7 +70,7 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
         # spawn: rank 0's process group serves the store; a client that cannot connect prints C++ stacks, and waits
         # for --dist-timeout more than once.
         if LAUNCHER == "spawn" and rank != 0 and not wait_for_port(*master, wait_s=timeout_s):
-            raise UserError(_master_silent(*master, timeout_s))
+            raise UserError(master_silent(*master, f"--dist-timeout {timeout_s:g} s"))
         try:
             dist.init_process_group(
                 backend="nccl" if gpu is not None else "gloo",
@@ -86,18 +86,10 @@ def setup(device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
                 "run.sh on every machine with the same NNODES, MASTER_ADDR and MASTER_PORT"
             ) from None
         except dist.DistNetworkError:  # (machine 0 given an address that is not its own)
-            raise UserError(_master_silent(*master, timeout_s)) from None
+            raise UserError(master_silent(*master, f"--dist-timeout {timeout_s:g} s")) from None
     # torchrun, torch.distributed.launch, spawn and notebook.launch() set LOCAL_WORLD_SIZE; srun its own.
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
     return DistEnv(rank, local_rank, world_size, this_device, local_world_size)
-
-
-def _master_silent(master_addr: str, master_port: int, timeout_s: float) -> str:
-    return (
-        f"nothing answers on the master's port {master_addr}:{master_port} within --dist-timeout {timeout_s:g} s: "
-        "start machine 0 (NODE_RANK=0) too, with MASTER_ADDR its own address and the same MASTER_PORT, and check "
-        "that its firewall lets the port in"
-    )
 
 
 def _roll_call(rank: int, local_rank: int, timeout_s: float):

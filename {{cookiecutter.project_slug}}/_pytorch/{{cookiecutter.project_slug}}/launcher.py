@@ -26,7 +26,7 @@ with ended_quietly_by_ctrl_c():  # while torch loads
 
     from .distributed import store_roll_call
 from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, said, said_once_per_machine
-from .hardware import wait_for_port
+from .hardware import master_silent, wait_for_port
 from .roll_call import RollCall, not_met, say_while_meeting
 from .settings import LAUNCHER
 
@@ -113,11 +113,8 @@ def _start_roll_call(flags: argparse.Namespace) -> RollCall | None:
         return None
     # Machine 0's launcher serves the store: a client that cannot connect prints C++ stacks, and waits twice as long.
     if flags.node_rank != 0 and not wait_for_port(flags.master_addr, flags.master_port, flags.join_timeout):
-        sys.exit(
-            f"error: nothing answers on the master's port {flags.master_addr}:{flags.master_port} within "
-            f"JOIN_TIMEOUT={flags.join_timeout:g} s: start machine 0 (NODE_RANK=0) too, with the same NNODES, "
-            "MASTER_ADDR and MASTER_PORT, and check that its firewall lets the port in"
-        )
+        waited = f"JOIN_TIMEOUT={flags.join_timeout:g} s"
+        sys.exit(f"error: {master_silent(flags.master_addr, flags.master_port, waited)}")
     return store_roll_call(flags.master_addr, flags.master_port, flags.machines, flags.node_rank, flags.join_timeout)
 
 
