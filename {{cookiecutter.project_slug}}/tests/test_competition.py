@@ -168,9 +168,29 @@ def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_fini
     workspace.place_fold(args, env={})
 
     with pytest.raises(UserError, match="splits the data into 2 folds, not --folds 3"):
-        folds.train_each(args, DistEnv(0, 0, 1, "cpu"), None, lambda run_args: pytest.fail("a fold was trained"))
+        folds.train_each(args, DistEnv(0, 0, 1, "cpu"), None, lambda run_args: pytest.fail("trained"), lambda: None)
     log = (tmp_path / "train.log").read_text(encoding="utf-8")  # (the package's logger does not propagate)
     assert "dist-template" in log and "is finished" not in log
+
+
+def test_a_rerun_of_finished_folds_on_changed_data_is_refused_rather_than_scoring_the_old_folds(tmp_path):
+    """The data is extracted first: a rerun in a fresh folder or container has only the archive."""
+    folds.write_folds(tmp_path / "folds.csv", ["a", "b", "c"], [0, 1, 0])
+    for fold in (0, 1):
+        for name in (folds.OOF, folds.CONTRIBUTIONS):
+            (Path(folds.fold_dir(tmp_path, fold)) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(folds.fold_dir(tmp_path, fold)) / name).write_bytes(b"a finished fold's")
+    args = argparse.Namespace(output_dir=str(tmp_path), folds=2, fold=None)
+    workspace.place_fold(args, env={})
+    extracted: list[str] = []  # the archive's ids, once extracted: one row deleted since the folds were trained
+    one_row_deleted = argparse.Namespace(labeled_set=lambda args: batches.Labeled(None, 2, extracted, [0, 1]))
+
+    with pytest.raises(UserError, match="written for other data .1 ids differ"):
+        folds.train_each(
+            args, DistEnv(0, 0, 1, "cpu"), one_row_deleted, lambda run_args: pytest.fail("trained"),
+            lambda: extracted.extend(["a", "c"]),
+        )  # fmt: skip
+    assert not (tmp_path / folds.CV).exists()
 
 
 def test_array_tasks_whose_folds_end_at_once_each_write_the_pooled_out_of_fold_rows_without_tripping(tmp_path):

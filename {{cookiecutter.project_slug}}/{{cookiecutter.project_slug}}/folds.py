@@ -54,11 +54,11 @@ def datasets(task: Task, args: argparse.Namespace, is_main: bool) -> tuple:
     return (*split(labeled, args, is_main), labeled.outputs)
 
 
-def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
+def train_each(args: argparse.Namespace, env, task: Task, train_one, extract_dataset) -> None:
     """train_one(args): the one run asked for (--fold k: then the cross-validation score again where every fold is
     finished); or under --fold all train_one(its args) for each fold not finished yet (a finished one is said and
     skipped), then the cross-validation score (rank 0), the job's log in DIR/train.log, each fold's in its own
-    folder."""
+    folder. extract_dataset(): the data made readable, for a rerun whose folds are all finished (no run reads it)."""
     if args.fold != "all":
         train_one(args)
         if args.folds and len(_finished_folds(args.folds_dir, args.folds)) == args.folds:
@@ -70,6 +70,9 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one) -> None:
         _check_count(split_file, _fold_count(split_file), args.folds)
     done = _finished_folds(args.folds_dir, args.folds)
     left = [fold for fold in range(args.folds) if fold not in done]
+    if not left and split_file.is_file():  # no fold's run reads the data: the score is of the data's folds still
+        extract_dataset()
+        read_folds(split_file, unique_ids(task.labeled_set(args)), args.folds)
     for fold in sorted(done):
         log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,
                  args.folds, Path(fold_dir(args.folds_dir, fold), OOF), fold)  # fmt: skip
@@ -134,10 +137,7 @@ def assign(strata: list, groups: list | None, folds: int, seed: int) -> list[int
 def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Part, Part]:
     """Fold args.fold's training set (the other folds) and validation set (its own), by DIR/folds.csv: written by
     the first run (atomically), read by every later one, which stops in one line where the data has changed."""
-    ids = [str(sample_id) for sample_id in labeled.ids]
-    if len(set(ids)) != len(ids):
-        twice = next(sample_id for sample_id in ids if ids.count(sample_id) > 1)
-        raise UserError(f"--folds: data.py's build_labeled_set() gives the id {twice!r} to more than one sample")
+    ids = unique_ids(labeled)
     path = Path(args.folds_dir) / FOLDS_CSV
     if path.is_file():
         fold_of = read_folds(path, ids, args.folds)
@@ -158,6 +158,14 @@ def split(labeled: Labeled, args: argparse.Namespace, is_main: bool) -> tuple[Pa
         Part(data, list(at), [ids[i] for i in part], [keys[i] for i in part])
         for data, at, part in zip(sets, positions, (train, val), strict=True)
     )
+
+
+def unique_ids(labeled: Labeled) -> list[str]:
+    ids = [str(sample_id) for sample_id in labeled.ids]
+    if len(set(ids)) != len(ids):
+        twice = next(sample_id for sample_id in ids if ids.count(sample_id) > 1)
+        raise UserError(f"--folds: data.py's build_labeled_set() gives the id {twice!r} to more than one sample")
+    return ids
 
 
 def write_folds(path: Path, ids: list[str], fold_of: list[int]) -> None:

@@ -29,9 +29,20 @@ def train(args) -> None:
     env = distributed.setup(args.device, args.dist_timeout)
     try:
         task = seam.Task()  # the three files a user owns, the one way to them; BEST_METRIC checked before any work
-        folds.train_each(args, env, task, lambda run_args: train_one(run_args, env, stop, task))  # (one, or each fold)
+        folds.train_each(
+            args, env, task, lambda run_args: train_one(run_args, env, stop, task), lambda: _extract_dataset(args, env)
+        )  # (one run, or each fold's)
     finally:
         distributed.cleanup()
+
+
+def _extract_dataset(args, env) -> None:
+    """--dataset-zip extracted into --data-dir, once per machine, before any process reads the data."""
+    archive.prepare_dataset(
+        args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
+        local_rank=env.local_rank,
+    )  # fmt: skip
+    distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
 
 
 def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
@@ -44,11 +55,7 @@ def train_one(args, env, stop: preemption.StopRequest, task: seam.Task) -> None:
         lock = output_folder.hold(args.output_dir, env)  # one job per output folder: before anything is written
         log = logs.setup_logging(None if args.evaluate else args.output_dir, env.rank)  # --evaluate writes no log
         model_options = task.chosen_options(args.model_option, shown=env.local_rank == 0)  # names build_model() takes
-        archive.prepare_dataset(
-            args.dataset_zip, args.data_dir, max_gb=args.archive_max_gb, lock_timeout=args.extract_timeout,
-            local_rank=env.local_rank,
-        )  # fmt: skip
-        distributed.barrier("every machine's dataset extraction")  # up to --dist-timeout: a machine may be slow
+        _extract_dataset(args, env)
         train_set, val_set, outputs = folds.datasets(task, args, env.is_main)  # (a fold's, with --folds)
         train_loader, val_loader = loaders.build_loaders(
             train_set, val_set, args.batch_size, args.workers, args.seed, env
