@@ -64,6 +64,8 @@ def test_default_paths_do_not_depend_on_the_working_folder(tmp_path, monkeypatch
         ("--extract-timeout", "nan", "must be a number of seconds above 0, got nan"),
         ("--ema", "1", "must be at least 0 and below 1, got 1"),
         ("--lr", "-1", "must be a number, 0 or more, got -1"),
+        ("--epochs", "one", "must be a whole number, at least 1, got one"),  # (not argparse's words for the type)
+        ("--lr", "abc", "must be a number, 0 or more, got abc"),
     ],
 )
 def test_impossible_numbers_are_refused_before_anything_starts(flag, value, must, capsys):

@@ -73,8 +73,8 @@ def test_a_task_whose_best_metric_or_direction_is_not_stated_is_one_line(metric,
 @pytest.mark.parametrize(
     "functions, named, not_named",
     [
-        (("rows_from_outputs",), "task.py has no test_time_views():", "rows_from_outputs()"),
-        ((), "task.py has no test_time_views() and no rows_from_outputs():", None),
+        (("rows_from_outputs",), "task.py has no test_time_views() (the views of a batch to average): add it ", "rows"),
+        ((), "task.py has no test_time_views() (the views of a batch to average) and no rows_from_outputs() (", None),
     ],
 )
 def test_tta_without_the_functions_it_needs_is_one_line_naming_only_those_missing(functions, named, not_named):
@@ -84,7 +84,7 @@ def test_tta_without_the_functions_it_needs_is_one_line_naming_only_those_missin
         seam.Task(task=task).check_averaging(1, tta=True)
     message = str(error.value)
     assert message.startswith(f"--tta: {named}") and "\n" not in message
-    assert not_named is None or not_named not in message.split(":")[1]
+    assert not_named is None or not_named not in message
 
 
 def test_metrics_without_the_best_metric_are_one_line_naming_the_function():

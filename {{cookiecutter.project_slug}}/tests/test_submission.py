@@ -80,6 +80,10 @@ def test_an_id_two_inputs_share_is_refused_only_where_the_sample_names_it(tmp_pa
     with pytest.raises(UserError, match="inputs a/x.png and b/x.png have the same ID 'x'"):
         write_csv(str(tmp_path / "t.csv"), ["image", "label"], names, ["1", "2"],
                   sample=write_sample(tmp_path / "stems.csv", ["id,label", "x,"]), ids=ids)  # fmt: skip
+    rows_named_by_their_ids = ["7", "1", "8", "1"]
+    with pytest.raises(UserError, match="inputs number 2 and number 4 have the same ID '1'"):
+        write_csv(str(tmp_path / "u.csv"), ["id", "label"], rows_named_by_their_ids, ["1", "2", "3", "4"],
+                  sample=write_sample(tmp_path / "ids.csv", ["id,label", "1,"]))  # fmt: skip
 
 
 def test_an_output_that_is_a_folder_is_refused_in_one_line(tmp_path):

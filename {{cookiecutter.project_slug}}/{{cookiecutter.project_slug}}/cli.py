@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--folds",
-        type=number(int, lambda value: value >= 2, "2 or more", "folds"),
+        type=number(int, lambda value: value >= 2, "2 or more"),
         metavar="K",
         help="split the labeled data into K folds (OUTPUT_DIR/folds.csv) and train a model per fold in "
         "OUTPUT_DIR/fold-k/, each with its out-of-fold predictions (oof.csv); then python cv.py OUTPUT_DIR",

@@ -17,27 +17,30 @@ from . import workspace
 from .errors import PlatformError
 
 
-def number(kind: type, accepted, what: str, name: str):
+def number(kind: type, accepted, what: str):
     """An argparse type: `kind` (int, float) of the text, refused in one line unless accepted(value)."""
 
     def read(text: str):
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:  # (argparse's own line would name this function)
+            whole = "a whole number, " if kind is int else ""
+            raise argparse.ArgumentTypeError(f"must be {whole}{what}, got {text}") from None
         if not accepted(value):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return value
 
-    read.__name__ = name  # argparse names the type in its error for text that is no number
     return read
 
 
-positive_int = number(int, lambda value: value >= 1, "at least 1", "positive_int")
-non_negative_int = number(int, lambda value: value >= 0, "0 or more", "non_negative_int")
+positive_int = number(int, lambda value: value >= 1, "at least 1")
+non_negative_int = number(int, lambda value: value >= 0, "0 or more")
 # (nan and inf refused too: the waits hand the seconds to the framework and to the file lock)
-positive_seconds = number(float, lambda value: 0 < value < math.inf, "a number of seconds above 0", "positive_seconds")
-positive_number = number(float, lambda value: 0 < value < math.inf, "a number above 0", "positive_number")
-non_negative_number = number(float, lambda value: 0 <= value < math.inf, "a number, 0 or more", "non_negative_number")
-fraction = number(float, lambda value: 0 < value < 1, "between 0 and 1 (exclusive)", "fraction")
-decay = number(float, lambda value: 0 <= value < 1, "at least 0 and below 1", "decay")
+positive_seconds = number(float, lambda value: 0 < value < math.inf, "a number of seconds above 0")
+positive_number = number(float, lambda value: 0 < value < math.inf, "a number above 0")
+non_negative_number = number(float, lambda value: 0 <= value < math.inf, "a number, 0 or more")
+fraction = number(float, lambda value: 0 < value < 1, "between 0 and 1 (exclusive)")
+decay = number(float, lambda value: 0 <= value < 1, "at least 0 and below 1")
 
 
 def model_option(text: str) -> tuple[str, object]:
@@ -200,7 +203,8 @@ def read_config(parser: argparse.ArgumentParser, file: str) -> list[tuple[argpar
     try:
         values = yaml.load(Path(file).read_text(encoding="utf-8"), Loader=_UniqueKeys)
     except OSError as error:
-        parser.error(f"--config {file} ({os.path.abspath(file)}): {error.strerror or error}")
+        where = "" if os.path.isabs(file) else f" ({os.path.abspath(file)})"  # (a relative path: from where)
+        parser.error(f"--config {file}{where}: {error.strerror or error}")
     except UnicodeDecodeError:
         parser.error(f"--config {file} is not UTF-8 text: save it as UTF-8")
     except yaml.YAMLError as error:

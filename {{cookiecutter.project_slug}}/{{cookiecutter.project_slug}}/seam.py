@@ -226,11 +226,11 @@ class Task:
                 "which say what an ensemble averages and how rows are made from it: add them (README: A competition, "
                 "from folds to a submission), or give one checkpoint"
             )
-        lacking = [name for name in ("test_time_views", "rows_from_outputs") if not hasattr(self.task, name)]
+        said = {"test_time_views": "the views of a batch to average", "rows_from_outputs": "rows from their average"}
+        lacking = [f"{name}() ({what})" for name, what in said.items() if not hasattr(self.task, name)]
         if tta and lacking:
             raise UserError(
-                f"--tta: task.py has no {' and no '.join(f'{name}()' for name in lacking)}: test_time_views() says "
-                "the views of a batch to average, rows_from_outputs() how rows are made from the average: add them "
+                f"--tta: task.py has no {' and no '.join(lacking)}: add {'them' if len(lacking) > 1 else 'it'} "
                 "(README: A competition, from folds to a submission), or leave out --tta"
             )
 

@@ -29,8 +29,7 @@ class Schedule:
     is its base rate x factor()) sets the optimizer's rate from it."""
 
     def __init__(self, epochs: int, warmup: float = 0.0):
-        self.epochs, self.warmup = epochs, warmup
-        self.position = 0.0
+        self.epochs, self.warmup, self.position = epochs, warmup, 0.0
         self.stepper = None  # engine.cosine_schedule() sets it
 
     def factor(self, position: float | None = None) -> float:
@@ -128,8 +127,9 @@ class TrainingState:
         """Whether --patience ends training here (said): as many epochs in a row without improvement."""
         if not patience or self.stale_epochs < patience:
             return False
-        log.info("stopped early after epoch %d: val_%s has not improved on its best, %s, for %d epochs (--patience "
-                 "%d)", self.epochs_done, self.best_metric, f"{self.best_value:.6g}", self.stale_epochs, patience)  # fmt: skip
+        log.info("stopped early after epoch %d: val_%s has not improved on its best, %s, for %d epoch%s (--patience "
+                 "%d)", self.epochs_done, self.best_metric, f"{self.best_value:.6g}", self.stale_epochs,
+                 "s" * (self.stale_epochs != 1), patience)  # fmt: skip
         return True
 
     def choose_best_by(self, metric: str, mode: str) -> None:

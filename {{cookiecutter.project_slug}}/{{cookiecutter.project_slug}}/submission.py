@@ -272,6 +272,8 @@ def sample_rows(
     for key in wanted:
         if key in shared:
             first, second = (keys[index][0][0] for index in shared[key])
+            if first == second:  # (a table's rows are named by their IDs: they are told apart by their places)
+                first, second = (f"number {index + 1}" for index in shared[key])
             raise UserError(
                 f"inputs {first} and {second} have the same ID {' '.join(key)!r} for --sample-submission {sample}"
             )
