@@ -134,7 +134,10 @@ class Checkpointer(CheckpointerBase):
 
     def _init_weights(self, path: Path) -> None:
         model = distributed.unwrap(self.model)
-        model.set_state_dict(self._fitting(model.state_dict(), read_weights(path)[0], path))
+        fitting = self._fitting(model.state_dict(), read_weights(path)[0], path)  # (says which are left as made)
+        with warnings.catch_warnings():  # paddle's "Skip loading for ...": those, said otherwise
+            warnings.filterwarnings("ignore", "Skip loading for", UserWarning)
+            model.set_state_dict(fitting)
 
     def _read(self, how: str) -> tuple[Path, dict] | None:
         """The checkpoint `how` names, loaded into the model, optimizer and scaler; None: start afresh.
