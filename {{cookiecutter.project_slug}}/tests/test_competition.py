@@ -158,14 +158,20 @@ def test_folds_csv_of_other_data_is_refused_in_one_line_naming_what_to_do(tmp_pa
         folds.read_folds(tmp_path / "folds.csv", ["a", "b", "d", "c"], 2)
 
 
-def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_finished(tmp_path):
-    folds.write_folds(tmp_path / "folds.csv", ["a", "b", "c"], [0, 1, 0])
+def rerun_of_two_finished_folds(directory: Path, folds_asked: int) -> argparse.Namespace:
+    """DIR/folds.csv of the ids a, b, c in two folds, both finished; the options of a rerun with --folds asked."""
+    folds.write_folds(directory / "folds.csv", ["a", "b", "c"], [0, 1, 0])
     for fold in (0, 1):
         for name in (folds.OOF, folds.CONTRIBUTIONS):
-            (Path(folds.fold_dir(tmp_path, fold)) / name).parent.mkdir(parents=True, exist_ok=True)
-            (Path(folds.fold_dir(tmp_path, fold)) / name).write_bytes(b"a finished fold's")
-    args = argparse.Namespace(output_dir=str(tmp_path), folds=3, fold=None)
+            (Path(folds.fold_dir(directory, fold)) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(folds.fold_dir(directory, fold)) / name).write_bytes(b"a finished fold's")
+    args = argparse.Namespace(output_dir=str(directory), folds=folds_asked, fold=None)
     workspace.place_fold(args, env={})
+    return args
+
+
+def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_finished(tmp_path):
+    args = rerun_of_two_finished_folds(tmp_path, folds_asked=3)
 
     with pytest.raises(UserError, match="splits the data into 2 folds, not --folds 3"):
         folds.train_each(args, DistEnv(0, 0, 1, "cpu"), None, lambda run_args: pytest.fail("trained"), lambda: None)
@@ -175,13 +181,7 @@ def test_a_rerun_with_another_fold_count_is_refused_before_any_fold_is_said_fini
 
 def test_a_rerun_of_finished_folds_on_changed_data_is_refused_rather_than_scoring_the_old_folds(tmp_path):
     """The data is extracted first: a rerun in a fresh folder or container has only the archive."""
-    folds.write_folds(tmp_path / "folds.csv", ["a", "b", "c"], [0, 1, 0])
-    for fold in (0, 1):
-        for name in (folds.OOF, folds.CONTRIBUTIONS):
-            (Path(folds.fold_dir(tmp_path, fold)) / name).parent.mkdir(parents=True, exist_ok=True)
-            (Path(folds.fold_dir(tmp_path, fold)) / name).write_bytes(b"a finished fold's")
-    args = argparse.Namespace(output_dir=str(tmp_path), folds=2, fold=None)
-    workspace.place_fold(args, env={})
+    args = rerun_of_two_finished_folds(tmp_path, folds_asked=2)
     extracted: list[str] = []  # the archive's ids, once extracted: one row deleted since the folds were trained
     one_row_deleted = argparse.Namespace(labeled_set=lambda args: batches.Labeled(None, 2, extracted, [0, 1]))
 
