@@ -221,8 +221,10 @@ def ended_quietly_by_ctrl_c():
     finally:
         if default:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        if not heard:
-            sys.stderr.write(held.getvalue())
+        if not heard:  # (less paddle's warning whenever OMP_NUM_THREADS is over 1, for builds on OpenBlas; paddle's
+            # wheels are built on MKL, and run.sh gives each process its share of the cores on purpose)
+            warned = ("WARNING: OMP_NUM_THREADS set to ", "PLEASE USE OMP_NUM_THREADS WISELY.")
+            sys.stderr.write("".join(line for line in held.getvalue().splitlines(True) if not line.startswith(warned)))
         # Log handlers made meanwhile (torch's, under TORCH_LOGS) write to stderr from now on, not to what was held.
         loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
         for handler in (handler for logger in loggers for handler in getattr(logger, "handlers", ())):

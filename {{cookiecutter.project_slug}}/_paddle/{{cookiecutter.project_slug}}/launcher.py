@@ -17,7 +17,14 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import CHECK_FAILED_STATUS, COLLECTIVE_TIMEOUT_STATUS, STOPPED_STATUS, said, said_once_per_machine
+from .errors import (
+    CHECK_FAILED_STATUS,
+    COLLECTIVE_TIMEOUT_STATUS,
+    STOPPED_STATUS,
+    ended_quietly_by_ctrl_c,
+    said,
+    said_once_per_machine,
+)
 from .roll_call import RollCall, not_met, say_while_meeting
 
 # How a worker ends that the launcher stops after another failed: SIGTERM, SIGKILL 3 s later, or its own status
@@ -30,6 +37,8 @@ _GLOO_GAVE_UP = "gloo::TimeoutException"
 
 
 def main() -> None:
+    with ended_quietly_by_ctrl_c():  # paddle loads (as run.py's imports: Ctrl-C is quiet, so is its threads warning)
+        import paddle.distributed.launch.main  # noqa: F401
     # While the machines gather, paddle logs each poll of the master (two a second) at INFO level.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     join_timeout = float(os.environ.get("JOIN_TIMEOUT", "0"))
