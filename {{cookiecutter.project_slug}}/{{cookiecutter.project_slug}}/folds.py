@@ -70,9 +70,10 @@ def train_each(args: argparse.Namespace, env, task: Task, train_one, extract_dat
         _check_count(split_file, _fold_count(split_file), args.folds)
     done = _finished_folds(args.folds_dir, args.folds)
     left = [fold for fold in range(args.folds) if fold not in done]
-    if not left and split_file.is_file():  # no fold's run reads the data: the score is of the data's folds still
-        extract_dataset()
-        read_folds(split_file, unique_ids(task.labeled_set(args)), args.folds)
+    if not left:  # no fold's run reads the data: the score is of the data's folds still
+        extract_dataset()  # (on every rank whatever it sees of folds.csv, as `left` is rank 0's: it ends in a barrier)
+        if split_file.is_file():
+            read_folds(split_file, unique_ids(task.labeled_set(args)), args.folds)
     for fold in sorted(done):
         log.info("fold %d of %d is finished (%s): skipped (to train it on to a larger --epochs: --fold %d)", fold,
                  args.folds, Path(fold_dir(args.folds_dir, fold), OOF), fold)  # fmt: skip
